@@ -1,0 +1,6 @@
+from django.apps import AppConfig
+
+
+class DispatcherConfig(AppConfig):
+    name = "dispatcher"
+    verbose_name = "Dispatcher"

@@ -1,0 +1,126 @@
+"""Response shapes (and request shapes for the OpenAPI schema).
+
+Requests are validated by `tasks.specs`, shared with gRPC and the admin; the
+request serializers here only document the fields.
+"""
+
+from rest_framework import serializers
+
+from signals.models import Signal
+from tasks.models import DeadLetter, Task, TaskLog, TaskRun, Worker
+from tasks.states import TaskStatus
+
+
+class TaskSerializer(serializers.ModelSerializer):
+    task_id = serializers.UUIDField(source="id", read_only=True)
+    queue_name = serializers.CharField(source="queue", read_only=True)
+    scheduled_at = serializers.DateTimeField(source="run_at", read_only=True)
+    replayed_from_task_id = serializers.UUIDField(read_only=True, allow_null=True)
+    replayed_from_dead_letter_id = serializers.UUIDField(read_only=True, allow_null=True)
+    input = serializers.JSONField(allow_null=True)
+    output = serializers.JSONField(allow_null=True)
+    metadata = serializers.JSONField()
+
+    class Meta:
+        model = Task
+        fields = [
+            "id", "task_id", "task_name", "queue", "queue_name", "status", "priority", "max_retries",
+            "attempt_count", "timeout_seconds", "idempotency_key", "input", "metadata", "output",
+            "error_message", "run_at", "scheduled_at", "created_at", "updated_at", "started_at",
+            "finished_at", "replayed_from_task_id", "replayed_from_dead_letter_id",
+        ]
+        read_only_fields = fields
+
+
+class TaskCreateSerializer(serializers.Serializer):
+    """Documents POST /api/v1/tasks. `queue_name` and `scheduled_at` are accepted as aliases."""
+
+    task_name = serializers.CharField(max_length=255)
+    queue = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$", max_length=255)
+    input = serializers.JSONField(required=False, allow_null=True)
+    metadata = serializers.DictField(required=False)
+    priority = serializers.IntegerField(required=False, min_value=-(2**31), max_value=2**31 - 1)
+    max_retries = serializers.IntegerField(required=False, min_value=0, max_value=1000)
+    timeout_seconds = serializers.IntegerField(required=False, min_value=1, max_value=86400)
+    idempotency_key = serializers.CharField(required=False, allow_null=True, max_length=255)
+    run_at = serializers.DateTimeField(required=False, allow_null=True)
+    queue_name = serializers.CharField(required=False, help_text="Alias of queue.")
+    scheduled_at = serializers.DateTimeField(required=False, allow_null=True, help_text="Alias of run_at.")
+
+
+class TaskRunSerializer(serializers.ModelSerializer):
+    task_id = serializers.UUIDField(read_only=True)
+    run_id = serializers.UUIDField(source="id", read_only=True)
+    output = serializers.JSONField(allow_null=True)
+
+    class Meta:
+        model = TaskRun
+        fields = [
+            "id", "run_id", "task_id", "attempt_number", "worker_id", "status", "output", "error_message",
+            "lease_expires_at", "started_at", "finished_at", "last_heartbeat_at",
+        ]
+        read_only_fields = fields
+
+
+class TaskLogSerializer(serializers.ModelSerializer):
+    task_run_id = serializers.UUIDField(source="run_id", read_only=True)
+    task_id = serializers.UUIDField(read_only=True)
+    metadata = serializers.JSONField(allow_null=True)
+
+    class Meta:
+        model = TaskLog
+        fields = ["id", "task_id", "task_run_id", "timestamp", "level", "message", "metadata"]
+        read_only_fields = fields
+
+
+class DeadLetterSerializer(serializers.ModelSerializer):
+    task_id = serializers.UUIDField(read_only=True, allow_null=True)
+    queue_name = serializers.CharField(source="queue", read_only=True)
+    replay_task_id = serializers.UUIDField(read_only=True, allow_null=True)
+    input = serializers.JSONField(allow_null=True)
+    metadata = serializers.JSONField()
+
+    class Meta:
+        model = DeadLetter
+        fields = [
+            "id", "task_id", "task_name", "queue", "queue_name", "input", "metadata", "error_message",
+            "attempt_count", "created_at", "replayed_at", "replay_task_id", "replay_count",
+        ]
+        read_only_fields = fields
+
+
+class WorkerSerializer(serializers.ModelSerializer):
+    worker_id = serializers.CharField(source="id", read_only=True)
+    metadata = serializers.JSONField()
+    queues = serializers.ListField(child=serializers.CharField())
+
+    class Meta:
+        model = Worker
+        fields = [
+            "id", "worker_id", "name", "queues", "concurrency", "status", "node_id", "metadata",
+            "connected_at", "last_heartbeat_at", "disconnected_at",
+        ]
+        read_only_fields = fields
+
+
+class SignalSerializer(serializers.ModelSerializer):
+    task_id = serializers.UUIDField(read_only=True)
+    signal_name = serializers.CharField(source="signal_type", read_only=True)
+    payload = serializers.JSONField(allow_null=True)
+
+    class Meta:
+        model = Signal
+        fields = [
+            "id", "task_id", "signal_type", "signal_name", "payload", "status", "created_at",
+            "delivered_at", "acknowledged_at",
+        ]
+        read_only_fields = fields
+
+
+class ErrorSerializer(serializers.Serializer):
+    error = serializers.CharField()
+    message = serializers.CharField()
+    details = serializers.DictField()
+
+
+STATUS_VALUES = [s.value for s in TaskStatus]

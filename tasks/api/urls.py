@@ -1,0 +1,19 @@
+from django.urls import re_path
+
+from tasks.api import views
+
+tasks = views.TaskViewSet
+dead_letters = views.DeadLetterViewSet
+ID = r"(?P<pk>[^/]+)"
+
+urlpatterns = [
+    re_path(r"^tasks/?$", tasks.as_view({"get": "list", "post": "create"}), name="task-list"),
+    re_path(rf"^tasks/{ID}/?$", tasks.as_view({"get": "retrieve", "delete": "destroy"}), name="task-detail"),
+    re_path(rf"^tasks/{ID}/cancel/?$", tasks.as_view({"post": "cancel"}), name="task-cancel"),
+    re_path(rf"^tasks/{ID}/runs/?$", tasks.as_view({"get": "runs"}), name="task-runs"),
+    re_path(rf"^tasks/{ID}/runs/(?P<run_id>[^/]+)/logs/?$", tasks.as_view({"get": "logs"}), name="task-run-logs"),
+    re_path(r"^dead-letters/?$", dead_letters.as_view({"get": "list"}), name="dead-letter-list"),
+    re_path(rf"^dead-letters/{ID}/?$", dead_letters.as_view({"get": "retrieve"}), name="dead-letter-detail"),
+    re_path(rf"^dead-letters/{ID}/replay/?$", dead_letters.as_view({"post": "replay"}), name="dead-letter-replay"),
+    re_path(r"^workers/?$", views.WorkerViewSet.as_view({"get": "list"}), name="worker-list"),
+]

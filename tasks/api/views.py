@@ -1,0 +1,160 @@
+"""REST endpoints: thin shells over `tasks.services` (writes) and `tasks.selectors` (reads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from django.db import connection
+from django.http import JsonResponse
+from drf_spectacular.types import OpenApiTypes
+from drf_spectacular.utils import OpenApiParameter, extend_schema
+from rest_framework import status, viewsets
+from rest_framework.decorators import action
+from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
+
+from tasks import selectors, services
+from tasks.api import serializers as s
+from tasks.errors import ValidationError
+from tasks.specs import parse_datetime
+
+ERRORS = {400: s.ErrorSerializer, 401: s.ErrorSerializer, 404: s.ErrorSerializer, 409: s.ErrorSerializer,
+          413: s.ErrorSerializer}
+
+
+class Page(LimitOffsetPagination):
+    default_limit = 50
+    max_limit = 1000
+
+
+def _param(request: Request, *names: str) -> str | None:
+    for name in names:
+        value = request.query_params.get(name)
+        if value not in (None, ""):
+            return value
+    return None
+
+
+class TaskViewSet(viewsets.ViewSet):
+    pagination_class = Page
+
+    @extend_schema(
+        parameters=[
+            OpenApiParameter("queue", str, description="Alias: queue_name"),
+            OpenApiParameter("queue_name", str),
+            OpenApiParameter("status", str, enum=s.STATUS_VALUES),
+            OpenApiParameter("task_name", str),
+            OpenApiParameter("created_after", OpenApiTypes.DATETIME),
+            OpenApiParameter("created_before", OpenApiTypes.DATETIME),
+            OpenApiParameter("limit", int),
+            OpenApiParameter("offset", int),
+        ],
+        responses={200: s.TaskSerializer(many=True), **ERRORS},
+    )
+    def list(self, request: Request) -> Response:
+        qs = selectors.task_list(
+            queue=_param(request, "queue", "queue_name"),
+            status=_param(request, "status"),
+            task_name=_param(request, "task_name"),
+            created_after=parse_datetime("created_after", _param(request, "created_after")),
+            created_before=parse_datetime("created_before", _param(request, "created_before")),
+        )
+        return _paginate(self, request, qs, s.TaskSerializer)
+
+    @extend_schema(request=s.TaskCreateSerializer, responses={201: s.TaskSerializer, 200: s.TaskSerializer,
+                                                                **ERRORS})
+    def create(self, request: Request) -> Response:
+        task, created = services.task_create_from_data(data=request.data)
+        return Response(s.TaskSerializer(task).data, status=201 if created else 200)
+
+    @extend_schema(responses={200: s.TaskSerializer, **ERRORS})
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(s.TaskSerializer(selectors.task_get(task_id=pk)).data)
+
+    @extend_schema(responses={204: None, **ERRORS})
+    def destroy(self, request: Request, pk: str) -> Response:
+        services.task_delete(task_id=pk)
+        return Response(status=status.HTTP_204_NO_CONTENT)
+
+    @extend_schema(request=None, responses={200: s.TaskSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def cancel(self, request: Request, pk: str) -> Response:
+        return Response(s.TaskSerializer(services.task_cancel(task_id=pk)).data)
+
+    @extend_schema(parameters=[OpenApiParameter("limit", int), OpenApiParameter("offset", int)],
+                   responses={200: s.TaskRunSerializer(many=True), **ERRORS})
+    @action(detail=True, methods=["get"])
+    def runs(self, request: Request, pk: str) -> Response:
+        return _paginate(self, request, selectors.task_runs(task_id=pk), s.TaskRunSerializer)
+
+    @extend_schema(
+        parameters=[OpenApiParameter("after", int, description="The last log id seen (alias: after_id)"),
+                    OpenApiParameter("after_id", int), OpenApiParameter("limit", int),
+                    OpenApiParameter("offset", int)],
+        responses={200: s.TaskLogSerializer(many=True), **ERRORS},
+    )
+    def logs(self, request: Request, pk: str, run_id: str) -> Response:
+        after = _param(request, "after", "after_id")
+        if after is not None:
+            try:
+                after_id: int | None = int(after)
+            except ValueError:
+                raise ValidationError.field("after", "must be an integer log id") from None
+        else:
+            after_id = None
+        qs = selectors.run_logs(task_id=pk, run_id=run_id, after=after_id)
+        return _paginate(self, request, qs, s.TaskLogSerializer)
+
+
+class DeadLetterViewSet(viewsets.ViewSet):
+    pagination_class = Page
+
+    @extend_schema(
+        parameters=[OpenApiParameter("queue", str, description="Alias: queue_name"),
+                    OpenApiParameter("queue_name", str), OpenApiParameter("limit", int),
+                    OpenApiParameter("offset", int)],
+        responses={200: s.DeadLetterSerializer(many=True), **ERRORS},
+    )
+    def list(self, request: Request) -> Response:
+        qs = selectors.dead_letter_list(queue=_param(request, "queue", "queue_name"))
+        return _paginate(self, request, qs, s.DeadLetterSerializer)
+
+    @extend_schema(responses={200: s.DeadLetterSerializer, **ERRORS})
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(s.DeadLetterSerializer(selectors.dead_letter_get(dead_letter_id=pk)).data)
+
+    @extend_schema(request=None, responses={201: s.TaskSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def replay(self, request: Request, pk: str) -> Response:
+        task = services.dead_letter_replay(dead_letter_id=pk)
+        return Response(s.TaskSerializer(task).data, status=201)
+
+
+class WorkerViewSet(viewsets.ViewSet):
+    pagination_class = Page
+
+    @extend_schema(parameters=[OpenApiParameter("status", str, enum=["CONNECTED", "DISCONNECTED"]),
+                               OpenApiParameter("limit", int), OpenApiParameter("offset", int)],
+                   responses={200: s.WorkerSerializer(many=True), **ERRORS})
+    def list(self, request: Request) -> Response:
+        return _paginate(self, request, selectors.worker_list(status=_param(request, "status")),
+                         s.WorkerSerializer)
+
+
+def _paginate(view: Any, request: Request, qs: Any, serializer: Any) -> Response:
+    paginator = view.pagination_class()
+    page = paginator.paginate_queryset(qs, request, view=view)
+    return paginator.get_paginated_response(serializer(page, many=True).data)
+
+
+def healthz(request: Any) -> JsonResponse:
+    """Public liveness/readiness: answers 200 only when the database answers."""
+    try:
+        with connection.cursor() as cursor:
+            cursor.execute("SELECT 1")
+            cursor.fetchone()
+    except Exception as exc:  # any database failure makes us unhealthy
+        return JsonResponse({"status": "unhealthy", "database": "error", "message": type(exc).__name__},
+                            status=503)
+    return JsonResponse({"status": "ok", "database": "ok"})

@@ -1,0 +1,227 @@
+"""The queue's tables. The ORM serves CRUD, the API and the admin; status
+changes never go through `save()` but through `tasks.states.guarded_update`.
+"""
+
+from django.contrib.postgres.fields import ArrayField
+from django.db import models
+from django.db.models import Q
+
+from tasks.states import FINAL_STATES, TaskStatus
+from valka.ids import uuid7
+
+STATUS_CHOICES = [(s.value, s.value) for s in TaskStatus]
+_final = sorted(s.value for s in FINAL_STATES)
+
+
+class RunStatus(models.TextChoices):
+    RUNNING = "RUNNING"
+    COMPLETED = "COMPLETED"
+    FAILED = "FAILED"
+    LOST = "LOST"  # lease expired or worker gone
+    CANCELLED = "CANCELLED"
+
+
+class Task(models.Model):
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    task_name = models.CharField(max_length=255)
+    queue = models.CharField(max_length=255)
+    status = models.CharField(max_length=16, choices=STATUS_CHOICES, default=TaskStatus.PENDING.value)
+    priority = models.IntegerField(default=0)
+    max_retries = models.IntegerField(default=3)
+    attempt_count = models.IntegerField(default=0)
+    timeout_seconds = models.IntegerField(default=300)
+    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    input = models.JSONField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    output = models.JSONField(null=True, blank=True)
+    error_message = models.TextField(null=True, blank=True)
+    run_at = models.DateTimeField(db_default=models.functions.Now())
+    created_at = models.DateTimeField(db_default=models.functions.Now())
+    updated_at = models.DateTimeField(db_default=models.functions.Now())
+    started_at = models.DateTimeField(null=True, blank=True)
+    finished_at = models.DateTimeField(null=True, blank=True)
+    replayed_from_task = models.ForeignKey(
+        "self", null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="replays",
+        help_text="The task this one replays (admin replay of a finished task, or a dead letter's task).",
+    )
+    replayed_from_dead_letter = models.ForeignKey(
+        "DeadLetter", null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="+",
+        help_text="The dead letter this task was replayed from.",
+    )
+
+    class Meta:
+        db_table = "tasks"
+        ordering = ["-id"]
+        constraints = [
+            models.CheckConstraint(condition=Q(status__in=[s.value for s in TaskStatus]), name="tasks_status_valid"),
+            models.CheckConstraint(condition=Q(max_retries__gte=0), name="tasks_max_retries_nonneg"),
+            models.CheckConstraint(condition=Q(attempt_count__gte=0), name="tasks_attempt_count_nonneg"),
+            models.CheckConstraint(
+                condition=Q(timeout_seconds__gte=1) & Q(timeout_seconds__lte=86400), name="tasks_timeout_range"
+            ),
+            models.CheckConstraint(
+                condition=~Q(status__in=_final) | Q(finished_at__isnull=False), name="tasks_final_has_finished_at"
+            ),
+            models.UniqueConstraint(
+                fields=["idempotency_key"],
+                condition=Q(idempotency_key__isnull=False),
+                name="tasks_idempotency_key_uniq",
+            ),
+        ]
+        indexes = [
+            # The claim: PENDING by queue, highest priority first, then due time, then creation.
+            models.Index(
+                "queue", models.F("priority").desc(), "run_at", "id",
+                name="tasks_dispatch_idx", condition=Q(status="PENDING"),
+            ),
+            # The retry engine: RETRY tasks by their next attempt time.
+            models.Index(fields=["run_at"], name="tasks_retry_due_idx", condition=Q(status="RETRY")),
+            # The reaper's second job: DISPATCHING tasks whose dispatcher died.
+            models.Index(fields=["updated_at"], name="tasks_dispatching_idx", condition=Q(status="DISPATCHING")),
+            # Retention: finished tasks by age.
+            models.Index(fields=["finished_at"], name="tasks_finished_idx", condition=Q(status__in=_final)),
+            models.Index(fields=["queue", "status"], name="tasks_queue_status_idx"),
+            models.Index(fields=["task_name"], name="tasks_task_name_idx"),
+            models.Index(fields=["created_at"], name="tasks_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} [{self.status}] {self.id}"
+
+
+class TaskRun(models.Model):
+    """One attempt of a task: the lease lives here."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    task = models.ForeignKey(Task, on_delete=models.DB_CASCADE, related_name="runs", db_index=False)
+    attempt_number = models.IntegerField()
+    worker_id = models.CharField(max_length=255)
+    status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
+    output = models.JSONField(null=True, blank=True)
+    error_message = models.TextField(null=True, blank=True)
+    lease_expires_at = models.DateTimeField()
+    started_at = models.DateTimeField(db_default=models.functions.Now())
+    finished_at = models.DateTimeField(null=True, blank=True)
+    last_heartbeat_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "task_runs"
+        ordering = ["task", "attempt_number"]
+        constraints = [
+            models.UniqueConstraint(fields=["task", "attempt_number"], name="task_runs_task_attempt_uniq"),
+            # At most one live run per task: two workers can never hold one task.
+            models.UniqueConstraint(fields=["task"], condition=Q(status="RUNNING"), name="task_runs_one_running"),
+            models.CheckConstraint(
+                condition=Q(status="RUNNING") | Q(finished_at__isnull=False), name="task_runs_closed_has_finished_at"
+            ),
+        ]
+        indexes = [
+            models.Index(fields=["lease_expires_at"], name="task_runs_lease_idx", condition=Q(status="RUNNING")),
+            models.Index(fields=["worker_id"], name="task_runs_worker_idx", condition=Q(status="RUNNING")),
+        ]
+
+    def __str__(self) -> str:
+        return f"run {self.attempt_number} of {self.task_id} [{self.status}]"
+
+
+class TaskLog(models.Model):
+    class Level(models.TextChoices):
+        DEBUG = "DEBUG"
+        INFO = "INFO"
+        WARN = "WARN"
+        ERROR = "ERROR"
+
+    id = models.BigAutoField(primary_key=True)
+    run = models.ForeignKey(TaskRun, on_delete=models.DB_CASCADE, related_name="logs", db_index=False)
+    task = models.ForeignKey(Task, on_delete=models.DB_CASCADE, related_name="logs", db_index=False)
+    timestamp = models.DateTimeField()
+    level = models.CharField(max_length=8, choices=Level.choices, default=Level.INFO)
+    message = models.TextField()
+    metadata = models.JSONField(null=True, blank=True)
+
+    class Meta:
+        db_table = "task_logs"
+        ordering = ["id"]
+        indexes = [
+            models.Index(fields=["run", "id"], name="task_logs_run_idx"),
+            models.Index(fields=["task"], name="task_logs_task_idx"),
+        ]
+
+
+class DeadLetter(models.Model):
+    """A task that exhausted its retries, kept with what is needed to replay it."""
+
+    id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
+    task = models.OneToOneField(
+        Task, null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="dead_letter"
+    )
+    task_name = models.CharField(max_length=255)
+    queue = models.CharField(max_length=255)
+    input = models.JSONField(null=True, blank=True)
+    metadata = models.JSONField(default=dict, blank=True)
+    error_message = models.TextField(null=True, blank=True)
+    attempt_count = models.IntegerField()
+    created_at = models.DateTimeField(db_default=models.functions.Now())
+    replayed_at = models.DateTimeField(null=True, blank=True)
+    replay_task = models.ForeignKey(
+        Task, null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="+",
+        help_text="The task the latest replay created.",
+    )
+    replay_count = models.IntegerField(default=0)
+
+    class Meta:
+        db_table = "dead_letter_queue"
+        ordering = ["-created_at"]
+        indexes = [
+            models.Index(fields=["queue", "-created_at"], name="dlq_queue_idx"),
+            models.Index(fields=["created_at"], name="dlq_created_idx"),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.task_name} ({self.queue}) {self.id}"
+
+
+class Worker(models.Model):
+    class Status(models.TextChoices):
+        CONNECTED = "CONNECTED"
+        DISCONNECTED = "DISCONNECTED"
+
+    id = models.CharField(primary_key=True, max_length=255)
+    name = models.CharField(max_length=255, blank=True, default="")
+    queues = ArrayField(models.CharField(max_length=255), default=list)
+    concurrency = models.IntegerField(default=1)
+    status = models.CharField(max_length=16, choices=Status.choices, default=Status.CONNECTED)
+    node_id = models.CharField(max_length=255, blank=True, default="", help_text="The dispatcher serving it.")
+    metadata = models.JSONField(default=dict, blank=True)
+    connected_at = models.DateTimeField(db_default=models.functions.Now())
+    last_heartbeat_at = models.DateTimeField(db_default=models.functions.Now())
+    disconnected_at = models.DateTimeField(null=True, blank=True)
+
+    class Meta:
+        db_table = "workers"
+        ordering = ["-connected_at"]
+        indexes = [
+            models.Index(fields=["last_heartbeat_at"], name="workers_alive_idx", condition=Q(status="CONNECTED")),
+        ]
+
+    def __str__(self) -> str:
+        return f"{self.name or self.id} [{self.status}]"
+
+
+class ApiKey(models.Model):
+    """An API key; only its SHA-256 is kept (keys are 256-bit random tokens)."""
+
+    name = models.CharField(max_length=255)
+    prefix = models.CharField(max_length=16, help_text="The first characters, to recognise a key.")
+    key_hash = models.CharField(max_length=64, unique=True)
+    created_at = models.DateTimeField(auto_now_add=True)
+    last_used_at = models.DateTimeField(null=True, blank=True)
+    revoked = models.BooleanField(default=False)
+
+    class Meta:
+        db_table = "api_keys"
+        ordering = ["-created_at"]
+        verbose_name = "API key"
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.prefix}…)"

@@ -1,0 +1,12 @@
+"""LISTEN/NOTIFY channel names. A notification only wakes a process up; the
+rows are the truth, and every listener also polls now and then.
+"""
+
+# Payload: queue name. Sent when a task becomes claimable now (created, retried, due).
+TASK_READY = "valka_task_ready"
+# Payload: task id. Sent when a task is cancelled, so the dispatcher holding it tells its worker.
+TASK_CANCELLED = "valka_task_cancelled"
+# Payload: task id. Sent when a signal is stored for a task.
+SIGNAL_SENT = "valka_signal_sent"
+# Payload: JSON of a TaskEvent. Sent for every status change (by a trigger).
+TASK_EVENT = "valka_task_event"

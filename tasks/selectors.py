@@ -1,0 +1,102 @@
+"""Reads for the API, the admin and gRPC: plain ORM queries over indexed columns."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Any
+
+from django.db.models import QuerySet
+
+from tasks.errors import NotFound, ValidationError
+from tasks.models import DeadLetter, Task, TaskLog, TaskRun, Worker
+from tasks.states import TaskStatus
+
+
+def parse_id(value: Any, *, what: str) -> uuid.UUID:
+    """A UUID, or NOT_FOUND: an id that cannot exist names nothing."""
+    if isinstance(value, uuid.UUID):
+        return value
+    try:
+        return uuid.UUID(str(value))
+    except (ValueError, TypeError, AttributeError):
+        raise NotFound(f"{what} {value!s:.100} not found") from None
+
+
+def task_get(*, task_id: Any) -> Task:
+    task_id = parse_id(task_id, what="task")
+    try:
+        return Task.objects.get(id=task_id)
+    except Task.DoesNotExist:
+        raise NotFound(f"task {task_id} not found") from None
+
+
+def task_list(
+    *,
+    queue: str | None = None,
+    status: str | None = None,
+    task_name: str | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+) -> QuerySet[Task]:
+    qs = Task.objects.all().order_by("-created_at", "-id")
+    if queue:
+        qs = qs.filter(queue=queue)
+    if status:
+        try:
+            qs = qs.filter(status=TaskStatus(status.upper()).value)
+        except ValueError:
+            raise ValidationError.field(
+                "status", f"must be one of {', '.join(s.value for s in TaskStatus)}"
+            ) from None
+    if task_name:
+        qs = qs.filter(task_name=task_name)
+    if created_after:
+        qs = qs.filter(created_at__gt=created_after)
+    if created_before:
+        qs = qs.filter(created_at__lt=created_before)
+    return qs
+
+
+def task_runs(*, task_id: Any) -> QuerySet[TaskRun]:
+    task = task_get(task_id=task_id)
+    return TaskRun.objects.filter(task_id=task.id).order_by("attempt_number")
+
+
+def run_get(*, task_id: Any, run_id: Any) -> TaskRun:
+    task = task_get(task_id=task_id)
+    run_id = parse_id(run_id, what="run")
+    try:
+        return TaskRun.objects.get(id=run_id, task_id=task.id)
+    except TaskRun.DoesNotExist:
+        raise NotFound(f"run {run_id} of task {task.id} not found") from None
+
+
+def run_logs(*, task_id: Any, run_id: Any, after: int | None = None) -> QuerySet[TaskLog]:
+    run = run_get(task_id=task_id, run_id=run_id)
+    qs = TaskLog.objects.filter(run_id=run.id).order_by("id")
+    if after is not None:
+        qs = qs.filter(id__gt=after)
+    return qs
+
+
+def dead_letter_get(*, dead_letter_id: Any) -> DeadLetter:
+    dead_letter_id = parse_id(dead_letter_id, what="dead letter")
+    try:
+        return DeadLetter.objects.get(id=dead_letter_id)
+    except DeadLetter.DoesNotExist:
+        raise NotFound(f"dead letter {dead_letter_id} not found") from None
+
+
+def dead_letter_list(*, queue: str | None = None) -> QuerySet[DeadLetter]:
+    qs = DeadLetter.objects.all().order_by("-created_at", "-id")
+    if queue:
+        qs = qs.filter(queue=queue)
+    return qs
+
+
+def worker_list(*, status: str | None = None) -> QuerySet[Worker]:
+    qs = Worker.objects.all().order_by("-connected_at")
+    if status:
+        qs = qs.filter(status=status.upper())
+    return qs

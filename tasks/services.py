@@ -1,0 +1,198 @@
+"""Writes: the one service layer that the REST API, gRPC, the admin and Django code call.
+
+Named entity-first with keyword-only arguments. Every status change is a
+guarded statement from `tasks.sql`; a statement that changes nothing is
+turned into NOT_FOUND or INVALID_STATE by looking at the row afterwards,
+never by deciding from a read made before the write.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+from django.db import connection, transaction
+from psycopg.types.json import Jsonb
+
+from tasks import selectors
+from tasks.errors import InvalidState
+from tasks.models import DeadLetter, Task
+from tasks.specs import TaskSpec, parse_task_spec
+from tasks.sql import lifecycle, producer
+from tasks.states import FINAL_STATES, TaskStatus, sources_of
+from valka.ids import uuid7
+
+
+def _jsonb(value: Any) -> Jsonb | None:
+    return None if value is None else Jsonb(value)
+
+
+def _insert_params(spec: TaskSpec, **links: Any) -> dict[str, Any]:
+    return {
+        "id": uuid7(),
+        "task_name": spec.task_name,
+        "queue": spec.queue,
+        "priority": spec.priority,
+        "max_retries": spec.max_retries,
+        "timeout_seconds": spec.timeout_seconds,
+        "idempotency_key": spec.idempotency_key,
+        "input": _jsonb(spec.input),
+        "metadata": Jsonb(spec.metadata),
+        "run_at": spec.run_at,
+        "replayed_from_task_id": links.get("replayed_from_task_id"),
+        "replayed_from_dead_letter_id": links.get("replayed_from_dead_letter_id"),
+    }
+
+
+def _insert(spec: TaskSpec, **links: Any) -> tuple[Task, bool]:
+    """Insert, or find the holder of the idempotency key. Returns (task, created)."""
+    params = _insert_params(spec, **links)
+    for _ in range(3):
+        rows = list(Task.objects.raw(producer.INSERT_TASK, params))
+        if rows:
+            return rows[0], True
+        # The key is taken: ON CONFLICT waited for its holder to commit, so it is visible now.
+        existing = list(Task.objects.raw(producer.SELECT_BY_IDEMPOTENCY_KEY, params))
+        if existing:
+            return existing[0], False
+        # The holder was deleted in between: try again.
+    raise InvalidState("the idempotency key is being reused concurrently; retry the request")
+
+
+def task_enqueue(
+    *,
+    task_name: str,
+    queue: str,
+    input: Any = None,
+    metadata: Mapping[str, Any] | None = None,
+    priority: int | None = None,
+    max_retries: int | None = None,
+    timeout_seconds: int | None = None,
+    idempotency_key: str | None = None,
+    run_at: Any = None,
+) -> Task:
+    """Enqueue a task from Django code: the fast, in-process producer path.
+
+    Runs inside the caller's transaction when there is one, so the task and
+    its NOTIFY commit together with the caller's own rows, or not at all.
+    With an idempotency key that exists, returns the existing task.
+    """
+    spec = parse_task_spec(
+        {
+            "task_name": task_name,
+            "queue": queue,
+            "input": input,
+            "metadata": dict(metadata) if metadata is not None else None,
+            "priority": priority,
+            "max_retries": max_retries,
+            "timeout_seconds": timeout_seconds,
+            "idempotency_key": idempotency_key,
+            "run_at": run_at,
+        }
+    )
+    return task_create(spec=spec)[0]
+
+
+def task_create_from_data(*, data: Any) -> tuple[Task, bool]:
+    """Validate a producer's request (REST/gRPC/admin) and create the task."""
+    return task_create(spec=parse_task_spec(data))
+
+
+def task_create(*, spec: TaskSpec) -> tuple[Task, bool]:
+    return _insert(spec)
+
+
+def task_cancel(*, task_id: uuid.UUID | str, reason: str | None = "cancelled") -> Task:
+    """PENDING, DISPATCHING or RUNNING → CANCELLED; the task's live run is closed too.
+
+    Locks the task row for the statement only. If another process moved the
+    task first, nothing changes and INVALID_STATE names the status it found.
+    """
+    task_id = _uuid(task_id)
+    with transaction.atomic():
+        rows = list(Task.objects.raw(lifecycle.CANCEL_TASK, {"id": task_id, "reason": reason}))
+    if rows:
+        return rows[0]
+    current = selectors.task_get(task_id=task_id)
+    raise InvalidState(
+        f"task {task_id} is {current.status}; "
+        f"only {', '.join(sources_of(TaskStatus.CANCELLED))} tasks can be cancelled",
+        {"status": current.status},
+    )
+
+
+def task_delete(*, task_id: uuid.UUID | str) -> None:
+    """Delete a task in a final state, with its runs, logs and signals."""
+    task_id = _uuid(task_id)
+    with connection.cursor() as cursor:
+        cursor.execute(lifecycle.DELETE_FINAL_TASK, {"id": task_id})
+        deleted = cursor.fetchone()
+    if deleted:
+        return
+    current = selectors.task_get(task_id=task_id)
+    raise InvalidState(
+        f"task {task_id} is {current.status}; only finished tasks "
+        f"({', '.join(sorted(FINAL_STATES))}) can be deleted",
+        {"status": current.status},
+    )
+
+
+def dead_letter_tasks(*, task_ids: list[uuid.UUID]) -> list[uuid.UUID]:
+    """RETRY tasks with no attempts left → DEAD_LETTER with their rows. Returns the ids moved."""
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(lifecycle.DEAD_LETTER_TASKS, {"ids": task_ids})
+        return [row[0] for row in cursor.fetchall()]
+
+
+def dead_letter_replay(*, dead_letter_id: uuid.UUID | str) -> Task:
+    """A new PENDING task with the dead letter's task_name, queue, input and metadata.
+
+    The new task records the dead letter (and the original task) it came
+    from; the dead letter records when it was replayed and into which task.
+    """
+    letter = selectors.dead_letter_get(dead_letter_id=dead_letter_id)
+    return _replay(
+        task_name=letter.task_name, queue=letter.queue, input=letter.input, metadata=letter.metadata,
+        max_retries=None, timeout_seconds=None, priority=0,
+        replayed_from_task_id=letter.task_id, replayed_from_dead_letter_id=letter.id,
+    )
+
+
+def task_replay(*, task_id: uuid.UUID | str) -> Task:
+    """Replay a DEAD_LETTER, FAILED or CANCELLED task as a new PENDING task."""
+    original = selectors.task_get(task_id=task_id)
+    allowed = (TaskStatus.DEAD_LETTER, TaskStatus.FAILED, TaskStatus.CANCELLED)
+    if original.status not in allowed:
+        raise InvalidState(
+            f"task {original.id} is {original.status}; only {', '.join(allowed)} tasks can be replayed",
+            {"status": original.status},
+        )
+    letter = DeadLetter.objects.filter(task_id=original.id).only("id").first()
+    return _replay(
+        task_name=original.task_name, queue=original.queue, input=original.input,
+        metadata=original.metadata, max_retries=original.max_retries,
+        timeout_seconds=original.timeout_seconds, priority=original.priority,
+        replayed_from_task_id=original.id, replayed_from_dead_letter_id=letter.id if letter else None,
+    )
+
+
+def _replay(*, task_name: str, queue: str, input: Any, metadata: Any, max_retries: int | None,
+            timeout_seconds: int | None, priority: int, replayed_from_task_id: Any,
+            replayed_from_dead_letter_id: Any) -> Task:
+    spec = parse_task_spec({
+        "task_name": task_name, "queue": queue, "input": input, "metadata": metadata or {},
+        "max_retries": max_retries, "timeout_seconds": timeout_seconds, "priority": priority,
+    })
+    with transaction.atomic():
+        task, _ = _insert(spec, replayed_from_task_id=replayed_from_task_id,
+                          replayed_from_dead_letter_id=replayed_from_dead_letter_id)
+        if replayed_from_dead_letter_id is not None:
+            with connection.cursor() as cursor:
+                cursor.execute(lifecycle.MARK_DEAD_LETTER_REPLAYED,
+                               {"id": replayed_from_dead_letter_id, "task_id": task.id})
+    return task
+
+
+def _uuid(value: uuid.UUID | str) -> uuid.UUID:
+    return selectors.parse_id(value, what="task")

@@ -1,0 +1,56 @@
+"""Status changes asked for by people and programs: cancel, delete, dead-letter, replay.
+
+Every statement is a guarded update from `tasks.states`; a statement that
+returns no row lost its race (or the task was never in a state that allows
+the move), and the caller reports that instead of guessing.
+"""
+
+from tasks.notify import TASK_CANCELLED
+from tasks.states import FINAL_STATES, TaskStatus, guarded_update
+
+# -- Cancel one task (PENDING, DISPATCHING or RUNNING) and close its live run. --
+# The NOTIFY tells the dispatcher holding a RUNNING task to stop its worker.
+CANCEL_TASK = f"""
+WITH moved AS (
+    {guarded_update(TaskStatus.CANCELLED, where="id = %(id)s",
+                    set="error_message = COALESCE(%(reason)s, error_message)",
+                    returning="*")}
+), runs AS (
+    UPDATE task_runs SET status = 'CANCELLED', finished_at = now(), error_message = %(reason)s
+    WHERE task_id IN (SELECT id FROM moved) AND status = 'RUNNING'
+    RETURNING id
+)
+SELECT moved.*, (SELECT count(*) FROM (SELECT pg_notify('{TASK_CANCELLED}', moved.id::text)) n) AS notified
+FROM moved
+"""
+
+# -- Delete a task in a final state (runs, logs and signals go with it by FK cascade). --
+DELETE_FINAL_TASK = f"""
+DELETE FROM tasks WHERE id = %(id)s
+AND status IN ({", ".join(f"'{s.value}'" for s in sorted(FINAL_STATES))})
+RETURNING id
+"""
+
+# -- RETRY tasks with no attempts left → DEAD_LETTER, with their dead-letter rows, in one statement. --
+DEAD_LETTER_TASKS = f"""
+WITH moved AS (
+    {guarded_update(TaskStatus.DEAD_LETTER, where="id = ANY(%(ids)s) AND attempt_count > max_retries",
+                    returning="*")}
+), letters AS (
+    INSERT INTO dead_letter_queue (id, task_id, task_name, queue, input, metadata, error_message,
+                                   attempt_count, created_at, replay_count)
+    SELECT valka_uuid7(), id, task_name, queue, input, metadata, error_message, attempt_count, now(), 0
+    FROM moved
+    ON CONFLICT (task_id) DO NOTHING
+    RETURNING task_id
+)
+SELECT moved.id FROM moved
+"""
+
+# -- Record a replay on its dead letter. --
+MARK_DEAD_LETTER_REPLAYED = """
+UPDATE dead_letter_queue
+SET replayed_at = now(), replay_task_id = %(task_id)s, replay_count = replay_count + 1
+WHERE id = %(id)s
+RETURNING id
+"""

@@ -1,0 +1,116 @@
+"""The task state machine: the one place that knows which status may follow which.
+
+Every status change in the project is a guarded compare-and-set built here:
+`UPDATE tasks SET status = <to> ... WHERE <which rows> AND status IN (<allowed from>)`.
+A row that lost a race (another process moved it first) simply is not
+updated; callers compare what came back with what they asked for. Nothing
+else in the code base writes `tasks.status`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import StrEnum
+
+from tasks.errors import InvalidState
+
+
+class TaskStatus(StrEnum):
+    # In: created by a producer (API, SDK, admin), the retry engine (from RETRY),
+    # or a dispatcher/reaper that could not hand a claimed task over.
+    # Out: claimed by a dispatcher, or cancelled.
+    PENDING = "PENDING"
+    # In: claimed by a dispatcher (FOR UPDATE SKIP LOCKED). Out: sent (RUNNING),
+    # not sent (back to PENDING, no attempt counted), or cancelled.
+    DISPATCHING = "DISPATCHING"
+    # In: the assignment reached a worker; a run row holds the lease.
+    # Out: the worker's result, a cancellation, or the reaper/disconnect handler.
+    RUNNING = "RUNNING"
+    # Final: the handler returned.
+    COMPLETED = "COMPLETED"
+    # Final: the handler failed and said not to retry.
+    FAILED = "FAILED"
+    # In: a retryable failure or a lost run. Out: the retry engine, to PENDING
+    # once the backoff has elapsed or to DEAD_LETTER when no retries are left.
+    RETRY = "RETRY"
+    # Final: retries exhausted; a dead_letter_queue row is written with it.
+    DEAD_LETTER = "DEAD_LETTER"
+    # Final: cancelled through the API or the admin.
+    CANCELLED = "CANCELLED"
+
+
+S = TaskStatus
+
+TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
+    S.PENDING: frozenset({S.DISPATCHING, S.CANCELLED}),
+    S.DISPATCHING: frozenset({S.RUNNING, S.PENDING, S.CANCELLED}),
+    S.RUNNING: frozenset({S.COMPLETED, S.FAILED, S.RETRY, S.CANCELLED}),
+    S.RETRY: frozenset({S.PENDING, S.DEAD_LETTER}),
+    S.COMPLETED: frozenset(),
+    S.FAILED: frozenset(),
+    S.DEAD_LETTER: frozenset(),
+    S.CANCELLED: frozenset(),
+}
+
+FINAL_STATES: frozenset[TaskStatus] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+ACTIVE_STATES: frozenset[TaskStatus] = frozenset(TaskStatus) - FINAL_STATES
+
+
+def can_transition(source: str, target: str) -> bool:
+    return TaskStatus(target) in TRANSITIONS[TaskStatus(source)]
+
+
+def sources_of(target: str) -> tuple[TaskStatus, ...]:
+    """Every status from which `target` may be reached, in a stable order."""
+    return tuple(s for s in TaskStatus if TaskStatus(target) in TRANSITIONS[s])
+
+
+def check_transition(source: str, target: str) -> None:
+    if not can_transition(source, target):
+        raise InvalidState(
+            f"a task in {source} cannot move to {target}",
+            {"status": source, "requested": str(target)},
+        )
+
+
+def _sql_list(values: Iterable[str]) -> str:
+    return ", ".join(f"'{TaskStatus(v).value}'" for v in values)
+
+
+def guarded_update(
+    target: str,
+    *,
+    where: str,
+    sources: Iterable[str] | None = None,
+    set: str = "",
+    table: str = "tasks",
+    from_: str = "",
+    returning: str = "id",
+) -> str:
+    """Build the compare-and-set UPDATE that moves rows to `target`.
+
+    `sources` narrows the statuses a row may come from (each must be a legal
+    predecessor of `target`, checked here, at import time of the caller);
+    `where` picks the rows (named placeholders such as `%(ids)s`); `set`
+    adds assignments. Final states get `finished_at` unless `set` gives it.
+    Rows whose status is not among the sources are left alone: that is how
+    a lost race shows, as a row missing from RETURNING.
+    """
+    target = TaskStatus(target)
+    allowed = sources_of(target)
+    chosen = tuple(TaskStatus(s) for s in sources) if sources is not None else allowed
+    illegal = [s for s in chosen if s not in allowed]
+    if illegal or not chosen:
+        raise ValueError(f"no transition {illegal or '(none)'} -> {target}")
+    assignments = [f"status = '{target.value}'", "updated_at = now()"]
+    if target in FINAL_STATES and "finished_at" not in set:
+        assignments.append("finished_at = now()")
+    if set:
+        assignments.append(set)
+    prefix = f"{table}." if from_ else ""
+    return (
+        f"UPDATE {table} SET {', '.join(assignments)}"
+        f"{' FROM ' + from_ if from_ else ''}"
+        f" WHERE ({where}) AND {prefix}status IN ({_sql_list(chosen)})"
+        f" RETURNING {returning}"
+    )

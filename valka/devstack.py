@@ -1,0 +1,101 @@
+"""`make run`: the whole local stack in one command.
+
+Starts (or reuses) the project-local PostgreSQL cluster unless DATABASE_URL
+is set, applies migrations, creates a local admin account (local cluster
+only), then runs the web app and every other process of the stack until
+Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from valka import devdb
+
+WEB_ADDR = ("127.0.0.1", 8989)
+ADMIN_USER = "admin"
+ADMIN_PASSWORD = "admin"
+
+
+def _processes(py: str) -> dict[str, list[str]]:
+    host, port = WEB_ADDR
+    procs = {
+        "web": [py, "-m", "uvicorn", "valka.asgi:application", "--host", host, "--port", str(port),
+                "--no-access-log"],
+    }
+    root = Path(__file__).resolve().parent.parent
+    if (root / "dispatcher" / "management" / "commands" / "run_dispatcher.py").exists():
+        procs["dispatcher"] = [py, "manage.py", "run_dispatcher"]
+    if (root / "tasks" / "management" / "commands" / "run_scheduler.py").exists():
+        procs["scheduler"] = [py, "manage.py", "run_scheduler"]
+    if (root / "examples" / "worker.py").exists():
+        procs["worker"] = [py, "examples/worker.py"]
+    return procs
+
+
+def main() -> int:
+    py = sys.executable
+    env = dict(os.environ)
+    local = not env.get("DATABASE_URL")
+    if local:
+        cluster = devdb.Cluster(Path(devdb.DEFAULT_DIR), int(env.get("VALKA_PG_PORT", devdb.DEFAULT_PORT)))
+        try:
+            cluster.start()
+        except devdb.DevDBError as exc:
+            print(f"make run: {exc}", file=sys.stderr)
+            return 1
+        env["DATABASE_URL"] = cluster.url
+    # The local stack is for trying things out: open API, cookies over plain HTTP.
+    env.setdefault("VALKA_API_ANONYMOUS", "true")
+    env.setdefault("SESSION_COOKIE_SECURE", "false")
+    env.setdefault("CSRF_COOKIE_SECURE", "false")
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    subprocess.run([py, "manage.py", "migrate", "--no-input", "-v", "0"], env=env, check=True)
+    if local:
+        subprocess.run([py, "manage.py", "ensure_local_admin", ADMIN_USER, ADMIN_PASSWORD], env=env, check=True)
+
+    children: dict[str, subprocess.Popen[bytes]] = {}
+    for name, cmd in _processes(py).items():
+        children[name] = subprocess.Popen(cmd, env=env)
+    host, port = WEB_ADDR
+    print(f"\nValka is up: REST API http://{host}:{port}/api/v1/  docs http://{host}:{port}/api/docs/", flush=True)
+    print(f"Admin: http://{host}:{port}/admin/", end="")
+    print(f"  (user {ADMIN_USER!r}, password {ADMIN_PASSWORD!r})" if local else "", flush=True)
+    print(f"Processes: {', '.join(children)}. Press Ctrl-C to stop.\n", flush=True)
+
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+    code = 0
+    while not stopping:
+        for name, proc in children.items():
+            if proc.poll() is not None:
+                print(f"make run: {name} exited with {proc.returncode}; stopping the stack", file=sys.stderr)
+                code = proc.returncode or 1
+                stopping = True
+                break
+        time.sleep(0.3)
+    for proc in children.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for proc in children.values():
+        try:
+            proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

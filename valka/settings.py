@@ -1,0 +1,164 @@
+"""Django settings for Valka. Every value comes from the environment (see README, "Settings")."""
+
+from pathlib import Path
+
+import environ
+
+BASE_DIR = Path(__file__).resolve().parent.parent
+
+env = environ.Env()
+
+DEBUG = env.bool("DEBUG", default=False)
+# The fallback only serves the local stack and the tests; `check --deploy` flags it.
+SECRET_KEY = env.str("SECRET_KEY", default="django-insecure-valka-local-development-only")
+ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
+CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
+
+INSTALLED_APPS = [
+    "django.contrib.admin",
+    "django.contrib.auth",
+    "django.contrib.contenttypes",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.postgres",
+    "rest_framework",
+    "drf_spectacular",
+    "drf_spectacular_sidecar",
+    "tasks",
+    "signals",
+    "dispatcher",
+]
+
+MIDDLEWARE = [
+    "django.middleware.security.SecurityMiddleware",
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+]
+
+ROOT_URLCONF = "valka.urls"
+
+TEMPLATES = [
+    {
+        "BACKEND": "django.template.backends.django.DjangoTemplates",
+        "DIRS": [BASE_DIR / "templates"],
+        "APP_DIRS": True,
+        "OPTIONS": {
+            "context_processors": [
+                "django.template.context_processors.request",
+                "django.contrib.auth.context_processors.auth",
+                "django.contrib.messages.context_processors.messages",
+            ],
+        },
+    },
+]
+
+ASGI_APPLICATION = "valka.asgi.application"
+WSGI_APPLICATION = "valka.wsgi.application"
+
+DATABASES = {"default": env.db_url("DATABASE_URL", default="postgres://valka@127.0.0.1:55432/valka")}
+if DATABASES["default"]["ENGINE"] != "django.db.backends.postgresql":
+    raise environ.ImproperlyConfigured("DATABASE_URL must point at PostgreSQL 15 or newer")
+DATABASES["default"].setdefault("OPTIONS", {})
+if env.bool("VALKA_DB_POOL", default=True):
+    DATABASES["default"]["OPTIONS"]["pool"] = {
+        "min_size": env.int("VALKA_DB_POOL_MIN", default=1),
+        "max_size": env.int("VALKA_DB_POOL_MAX", default=10),
+        "timeout": env.float("VALKA_DB_POOL_TIMEOUT", default=10.0),
+    }
+DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
+
+AUTH_PASSWORD_VALIDATORS = [
+    {"NAME": "django.contrib.auth.password_validation.MinimumLengthValidator"},
+]
+
+LANGUAGE_CODE = "en-us"
+TIME_ZONE = "UTC"
+USE_I18N = True
+USE_TZ = True
+
+STATIC_URL = "static/"
+STATIC_ROOT = env.str("STATIC_ROOT", default=None)
+STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").exists() else []
+# Static files (admin, API docs) are served by the app itself, straight from the
+# installed packages, so the pages work offline without a collectstatic step.
+WHITENOISE_USE_FINDERS = True
+WHITENOISE_AUTOREFRESH = DEBUG
+
+# Security headers: on by default, relaxed only where the local stack needs plain HTTP.
+SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=not DEBUG)
+CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=not DEBUG)
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+if env.bool("VALKA_BEHIND_TLS_PROXY", default=False):
+    SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
+X_FRAME_OPTIONS = "DENY"
+
+REST_FRAMEWORK = {
+    "DEFAULT_AUTHENTICATION_CLASSES": [
+        "tasks.api.auth.ApiKeyAuthentication",
+        "rest_framework.authentication.SessionAuthentication",
+    ],
+    "DEFAULT_PERMISSION_CLASSES": ["tasks.api.auth.ApiAccess"],
+    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_PARSER_CLASSES": ["rest_framework.parsers.JSONParser"],
+    "EXCEPTION_HANDLER": "tasks.api.errors.exception_handler",
+    "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
+    "UNAUTHENTICATED_USER": None,
+}
+
+SPECTACULAR_SETTINGS = {
+    "TITLE": "Valka API",
+    "DESCRIPTION": "A distributed task queue whose only infrastructure is PostgreSQL.",
+    "VERSION": "1",
+    "SERVE_INCLUDE_SCHEMA": False,
+    "SWAGGER_UI_DIST": "SIDECAR",
+    "SWAGGER_UI_FAVICON_HREF": "SIDECAR",
+    "REDOC_DIST": "SIDECAR",
+    "COMPONENT_SPLIT_REQUEST": True,
+}
+
+# The queue's own settings, read through `valka.conf.valka_settings`.
+VALKA = {
+    "API_ANONYMOUS": env.bool("VALKA_API_ANONYMOUS", default=False),
+    "MAX_RETRIES": env.int("VALKA_MAX_RETRIES", default=3),
+    "DEFAULT_TIMEOUT_SECONDS": env.int("VALKA_DEFAULT_TIMEOUT_SECONDS", default=300),
+    "RETRY_BASE_DELAY": env.float("VALKA_RETRY_BASE_DELAY", default=1.0),
+    "RETRY_MAX_DELAY": env.float("VALKA_RETRY_MAX_DELAY", default=3600.0),
+    "RETRY_JITTER": env.float("VALKA_RETRY_JITTER", default=0.25),
+    "MAX_PAYLOAD_BYTES": env.int("VALKA_MAX_PAYLOAD_BYTES", default=1024 * 1024),
+    "MAX_SIGNAL_PAYLOAD_BYTES": env.int("VALKA_MAX_SIGNAL_PAYLOAD_BYTES", default=64 * 1024),
+    "SIGNAL_DELIVERY_WAIT": env.float("VALKA_SIGNAL_DELIVERY_WAIT", default=0.5),
+    "GRPC_ADDR": env.str("VALKA_GRPC_ADDR", default="0.0.0.0:50051"),
+    "WORKER_TOKEN": env.str("VALKA_WORKER_TOKEN", default=""),
+    "NODE_ID": env.str("VALKA_NODE_ID", default=""),
+    "LEASE_EXTENSION": env.float("VALKA_LEASE_EXTENSION", default=60.0),
+    "HEARTBEAT_INTERVAL": env.float("VALKA_HEARTBEAT_INTERVAL", default=30.0),
+    "DISPATCH_POLL_INTERVAL": env.float("VALKA_DISPATCH_POLL_INTERVAL", default=2.0),
+    "DRAIN_SECONDS": env.int("VALKA_DRAIN_SECONDS", default=30),
+    "REAPER_INTERVAL": env.float("VALKA_REAPER_INTERVAL", default=30.0),
+    "DISPATCHING_TIMEOUT": env.float("VALKA_DISPATCHING_TIMEOUT", default=60.0),
+    "WORKER_TIMEOUT": env.float("VALKA_WORKER_TIMEOUT", default=120.0),
+    "RETENTION_DAYS": env.float("VALKA_RETENTION_DAYS", default=7.0),
+    "DEAD_LETTER_RETENTION_DAYS": env.float("VALKA_DEAD_LETTER_RETENTION_DAYS", default=30.0),
+    "SCHEDULER_BATCH_SIZE": env.int("VALKA_SCHEDULER_BATCH_SIZE", default=500),
+    "SCHEDULER_MAX_SLEEP": env.float("VALKA_SCHEDULER_MAX_SLEEP", default=5.0),
+}
+
+# Bodies may carry `input` and `metadata` of MAX_PAYLOAD_BYTES each, so the request
+# limit is raised to match; the API answers oversized fields with 413 itself.
+DATA_UPLOAD_MAX_MEMORY_SIZE = VALKA["MAX_PAYLOAD_BYTES"] * 2 + 64 * 1024
+
+LOGGING = {
+    "version": 1,
+    "disable_existing_loggers": False,
+    "formatters": {"plain": {"format": "%(asctime)s %(levelname)s %(name)s %(message)s"}},
+    "handlers": {"console": {"class": "logging.StreamHandler", "formatter": "plain"}},
+    "root": {"handlers": ["console"], "level": env.str("VALKA_LOG_LEVEL", default="INFO")},
+    "loggers": {"django.db.backends": {"level": "WARNING"}},
+}
