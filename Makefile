@@ -31,3 +31,7 @@ lint: install
 clean-db:
 	-$(PY) -m valka.devdb stop
 	rm -rf .valka/pg
+
+# Regenerate the Python code of the valka.v1 protocol (committed; a test checks it is fresh).
+proto: install
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/valka/v1/*.proto

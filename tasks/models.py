@@ -40,6 +40,10 @@ class Task(models.Model):
     updated_at = models.DateTimeField(db_default=models.functions.Now())
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
+    claimed_by = models.CharField(
+        max_length=255, null=True, blank=True,
+        help_text="The dispatcher node that last claimed the task; guards its DISPATCHING → RUNNING/PENDING moves.",
+    )
     replayed_from_task = models.ForeignKey(
         "self", null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="replays",
         help_text="The task this one replays (admin replay of a finished task, or a dead letter's task).",
@@ -192,6 +196,8 @@ class Worker(models.Model):
     concurrency = models.IntegerField(default=1)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CONNECTED)
     node_id = models.CharField(max_length=255, blank=True, default="", help_text="The dispatcher serving it.")
+    session_id = models.CharField(max_length=64, blank=True, default="",
+                                  help_text="The current stream; a reconnect replaces it.")
     metadata = models.JSONField(default=dict, blank=True)
     connected_at = models.DateTimeField(db_default=models.functions.Now())
     last_heartbeat_at = models.DateTimeField(db_default=models.functions.Now())

@@ -38,8 +38,20 @@ class RetryPolicy:
 
     def delay(self, attempt: int, rng: random.Random | None = None) -> float:
         """Seconds to wait after failed attempt `attempt`, jittered, never above the cap."""
-        factor = 1.0 + (rng or random).uniform(-self.jitter, self.jitter)
+        return self.delay_for(attempt, (rng or random).random())
+
+    def delay_for(self, attempt: int, u: float) -> float:
+        """The delay for a given uniform random draw `u` in [0, 1).
+
+        `valka_retry_delay()` in PostgreSQL computes exactly this (a test holds
+        them equal), so batch statements apply the same policy without a round
+        trip to Python.
+        """
+        factor = 1.0 + self.jitter * (2.0 * u - 1.0)
         return min(self.max_delay, max(0.0, self.nominal_delay(attempt) * factor))
+
+    def sql_params(self) -> dict[str, float]:
+        return {"retry_base": self.base_delay, "retry_cap": self.max_delay, "retry_jitter": self.jitter}
 
 
 def retries_left(attempt_count: int, max_retries: int) -> bool:

@@ -1,0 +1,107 @@
+"""The claim loop: hands due PENDING tasks to this node's workers with free slots.
+
+Woken by NOTIFY (a task became claimable), by a freed slot, or by a new
+worker; a slow poll backs every wake-up. One claim statement per queue per
+pass, sized to the queue's free slots, spread round-robin over its workers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import logging
+from typing import TYPE_CHECKING
+
+from dispatcher import sql
+from dispatcher.session import InFlight, WorkerSession
+from valka.ids import uuid7
+from valka.v1 import worker_pb2 as pb
+
+if TYPE_CHECKING:
+    from dispatcher.node import DispatcherNode
+
+log = logging.getLogger("valka.dispatcher")
+
+MAX_BATCH = 500
+
+
+class Claimer:
+    def __init__(self, node: DispatcherNode) -> None:
+        self.node = node
+        self._wake = asyncio.Event()
+        self._queues: set[str] = set()
+        self._everything = True
+        self._turn = itertools.count()
+
+    def wake(self, queue: str | None = None) -> None:
+        if queue is None:
+            self._everything = True
+        else:
+            self._queues.add(queue)
+        self._wake.set()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        poll = self.node.settings.poll_interval
+        backoff = 0.1
+        while not stop.is_set():
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=poll)
+            except TimeoutError:
+                self._everything = True
+            if stop.is_set() or self.node.stopping:
+                return
+            self._wake.clear()
+            queues = self.node.served_queues() if self._everything else self._queues & self.node.served_queues()
+            self._everything, self._queues = False, set()
+            try:
+                for queue in sorted(queues):
+                    await self.claim_queue(queue)
+                backoff = 0.1
+            except Exception:
+                log.exception("dispatcher: claiming failed; retrying in %.1fs", backoff)
+                self._queues |= queues
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+                self._wake.set()
+
+    async def claim_queue(self, queue: str) -> int:
+        sessions = [s for s in self.node.sessions_for(queue) if s.free_slots() > 0]
+        free = sum(s.free_slots() for s in sessions)
+        if free <= 0:
+            return 0
+        limit = min(free, MAX_BATCH)
+        async with self.node.pool.connection() as conn:
+            cur = await conn.execute(sql.CLAIM, {"queue": queue, "limit": limit,
+                                                 "node_id": self.node.settings.node_id})
+            rows = await cur.fetchall()
+        if not rows:
+            return 0
+        rows.sort(key=lambda r: (-r[7], r[8], r[0]))
+        self._distribute(queue, rows, sessions)
+        if len(rows) == limit:
+            self.wake(queue)  # there may be more where these came from
+        return len(rows)
+
+    def _distribute(self, queue: str, rows: list[tuple], sessions: list[WorkerSession]) -> None:
+        start = next(self._turn)
+        unsent: list[str] = []
+        order = sessions[start % len(sessions):] + sessions[: start % len(sessions)]
+        ring = itertools.cycle(order)
+        for task_id, task_name, _q, payload, metadata, attempt, timeout, _prio, _run_at in rows:
+            session = None
+            for _ in range(len(order)):
+                candidate = next(ring)
+                if candidate.free_slots() > 0:
+                    session = candidate
+                    break
+            if session is None:  # every session closed meanwhile
+                unsent.append(str(task_id))
+                continue
+            entry = InFlight(task_id=str(task_id), run_id=str(uuid7()), queue=queue, attempt=attempt)
+            session.reserve(entry)
+            session.send(pb.WorkerResponse(task_assignment=pb.TaskAssignment(
+                task_id=entry.task_id, task_run_id=entry.run_id, queue_name=queue, task_name=task_name,
+                input=payload or "", attempt_number=attempt, timeout_seconds=timeout, metadata=metadata or "{}",
+            )), entry)
+        if unsent:
+            self.node.unsend(unsent)

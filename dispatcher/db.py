@@ -1,0 +1,42 @@
+"""Async PostgreSQL access for the long-running processes (dispatcher, scheduler).
+
+They use psycopg directly (not the ORM) on the hot path; the connection
+parameters are Django's, so one DATABASE_URL configures everything.
+"""
+
+from __future__ import annotations
+
+from django.db import connections
+from psycopg.conninfo import make_conninfo
+from psycopg_pool import AsyncConnectionPool
+
+
+def conninfo(alias: str = "default", application_name: str = "valka") -> str:
+    s = connections.databases[alias]
+    params = {
+        "dbname": s.get("NAME"),
+        "user": s.get("USER") or None,
+        "password": s.get("PASSWORD") or None,
+        "host": s.get("HOST") or None,
+        "port": str(s.get("PORT")) if s.get("PORT") else None,
+        "application_name": application_name,
+    }
+    for key in ("sslmode", "sslrootcert", "sslcert", "sslkey", "connect_timeout"):
+        if key in s.get("OPTIONS", {}):
+            params[key] = s["OPTIONS"][key]
+    params.setdefault("connect_timeout", "10")
+    return make_conninfo(**{k: v for k, v in params.items() if v is not None})
+
+
+def make_pool(application_name: str, min_size: int = 1, max_size: int = 4) -> AsyncConnectionPool:
+    """A pool that checks connections on borrow, so a PostgreSQL restart heals itself."""
+    return AsyncConnectionPool(
+        conninfo(application_name=application_name),
+        min_size=min_size,
+        max_size=max_size,
+        open=False,
+        check=AsyncConnectionPool.check_connection,
+        kwargs={"autocommit": True},
+        reconnect_timeout=0,  # keep trying forever; the loops back off and log
+        timeout=10,
+    )

@@ -1,0 +1,188 @@
+"""The dispatcher's single writer: buffers what workers report and writes it in batches.
+
+Starts (DISPATCHING → RUNNING), results, heartbeats and log lines pile up
+while a flush is in progress and go out together in the next one, so under
+load one statement carries many messages and at rest a message is written
+at once. Starts are committed before results in every pass; a result or log
+line for a run whose start is still on its way waits for the next pass.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from dispatcher import sql
+from dispatcher.session import InFlight
+from tasks.sql import outcomes
+
+if TYPE_CHECKING:
+    from dispatcher.node import DispatcherNode
+
+log = logging.getLogger("valka.dispatcher")
+
+
+@dataclass
+class Result:
+    run_id: str
+    worker_id: str
+    success: bool
+    retryable: bool
+    value: str | None  # output JSON when success, else the error message
+    gate: InFlight | None
+
+
+@dataclass
+class LogLine:
+    run_id: str
+    ts_ms: int
+    level: str
+    message: str
+    metadata: str | None
+    gate: InFlight | None
+
+
+class Flusher:
+    def __init__(self, node: DispatcherNode) -> None:
+        self.node = node
+        self._starts: list[tuple[InFlight, str]] = []  # (entry, worker id)
+        self._results: list[Result] = []
+        self._heartbeats: list[tuple[str, str]] = []  # (worker id, task id)
+        self._logs: list[LogLine] = []
+        self._wake = asyncio.Event()
+        self._idle = asyncio.Event()
+        self._idle.set()
+
+    # -- producers (called from stream handlers; never block) --
+    def start(self, entry: InFlight, worker_id: str) -> None:
+        self._starts.append((entry, worker_id))
+        self._poke()
+
+    def result(self, result: Result) -> None:
+        self._results.append(result)
+        self._poke()
+
+    def heartbeat(self, worker_id: str, task_ids: list[str]) -> None:
+        self._heartbeats.extend((worker_id, t) for t in task_ids)
+        self._poke()
+
+    def logs(self, lines: list[LogLine]) -> None:
+        self._logs.extend(lines)
+        self._poke()
+
+    def pending(self) -> bool:
+        return bool(self._starts or self._results or self._heartbeats or self._logs)
+
+    def _poke(self) -> None:
+        self._idle.clear()
+        self._wake.set()
+
+    async def wait_idle(self, timeout: float) -> None:
+        try:
+            await asyncio.wait_for(self._idle.wait(), timeout)
+        except TimeoutError:
+            pass
+
+    # -- the loop --
+    async def run(self, stop: asyncio.Event) -> None:
+        backoff = 0.1
+        while True:
+            if not self.pending():
+                self._idle.set()
+                if stop.is_set():
+                    return
+                waiter = asyncio.ensure_future(self._wake.wait())
+                stopper = asyncio.ensure_future(stop.wait())
+                await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)
+                waiter.cancel()
+                stopper.cancel()
+            self._wake.clear()
+            try:
+                await self.flush_once()
+                backoff = 0.1
+            except Exception:
+                log.exception("dispatcher: writing to the database failed; retrying in %.1fs", backoff)
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 5.0)
+
+    async def flush_once(self) -> None:
+        pool = self.node.pool
+        starts, self._starts = self._starts, []
+        if starts:
+            try:
+                await self._flush_starts(pool, starts)
+            except BaseException:
+                self._starts[:0] = starts
+                raise
+        ready = [r for r in self._results if r.gate is None or r.gate.started.done()]
+        if ready:
+            self._results = [r for r in self._results if not (r.gate is None or r.gate.started.done())]
+            try:
+                await self._flush_results(pool, ready)
+            except BaseException:
+                self._results[:0] = ready
+                raise
+        beats, self._heartbeats = self._heartbeats, []
+        if beats:
+            async with pool.connection() as conn:
+                await conn.execute(sql.HEARTBEAT, {
+                    "worker_ids": [w for w, _ in beats], "task_ids": [t for _, t in beats],
+                    "extension": self.node.settings.lease_extension,
+                })
+        lines = [line for line in self._logs if line.gate is None or line.gate.started.done()]
+        if lines:
+            self._logs = [line for line in self._logs if not (line.gate is None or line.gate.started.done())]
+            async with pool.connection() as conn:
+                await conn.execute(sql.INSERT_LOGS, {
+                    "run_ids": [line.run_id for line in lines], "ts_ms": [line.ts_ms for line in lines],
+                    "levels": [line.level for line in lines], "messages": [line.message for line in lines],
+                    "metadata": [line.metadata for line in lines],
+                })
+        if self._results or self._logs:
+            # Some wait for a start in flight elsewhere; look again shortly.
+            await asyncio.sleep(0.001)
+            self._wake.set()
+
+    async def _flush_starts(self, pool: Any, starts: list[tuple[InFlight, str]]) -> None:
+        async with pool.connection() as conn:
+            cur = await conn.execute(sql.START_RUNS, {
+                "task_ids": [e.task_id for e, _ in starts],
+                "run_ids": [e.run_id for e, _ in starts],
+                "worker_ids": [w for _, w in starts],
+                "node_id": self.node.settings.node_id,
+            })
+            started = {str(row[0]) for row in await cur.fetchall()}
+        for entry, _ in starts:
+            ok = entry.task_id in started
+            if not entry.started.done():
+                entry.started.set_result(ok)
+            if not ok:
+                # Cancelled between claim and send: the worker must stop it.
+                self.node.cancel_on_worker(entry.task_id, "task was cancelled before it started")
+
+    async def _flush_results(self, pool: Any, results: list[Result]) -> None:
+        done = [r for r in results if r.success]
+        failed = [r for r in results if not r.success and not r.retryable]
+        retry = [r for r in results if not r.success and r.retryable]
+        async with pool.connection() as conn, conn.transaction():
+            if done:
+                await outcomes.complete_runs(conn, [r.run_id for r in done], [r.worker_id for r in done],
+                                             [r.value for r in done])
+            if failed:
+                await outcomes.fail_runs(conn, [r.run_id for r in failed], [r.worker_id for r in failed],
+                                         [r.value or "failed" for r in failed])
+            if retry:
+                await outcomes.retry_runs(conn, [r.run_id for r in retry], [r.worker_id for r in retry],
+                                          [r.value or "failed" for r in retry], lost=False,
+                                          retry_params=self.node.settings.retry_params)
+
+
+def valid_uuid(value: str) -> bool:
+    try:
+        uuid.UUID(value)
+        return True
+    except (ValueError, TypeError, AttributeError):
+        return False

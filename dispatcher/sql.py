@@ -1,0 +1,98 @@
+"""The dispatcher's hot-path statements: claim, start, un-send, heartbeat, logs, workers.
+
+Each runs once per batch, never once per message. Status changes are built by
+`tasks.states.guarded_update`.
+"""
+
+from tasks.notify import TASK_READY
+from tasks.states import TaskStatus, guarded_update
+
+# -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --
+# Matches tasks_dispatch_idx (queue, priority DESC, run_at, id) WHERE status = 'PENDING'.
+# SKIP LOCKED lets dispatchers claim side by side without waiting on each other.
+CLAIM = "WITH picked AS (" \
+    "SELECT id FROM tasks WHERE status = 'PENDING' AND queue = %(queue)s AND run_at <= now() " \
+    "ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) " + guarded_update(
+        TaskStatus.DISPATCHING,
+        sources=[TaskStatus.PENDING],
+        where="id IN (SELECT id FROM picked)",
+        set="claimed_by = %(node_id)s",
+        returning="id, task_name, queue, input::text, metadata::text, attempt_count + 1 AS attempt_number, "
+                  "timeout_seconds, priority, run_at",
+    )
+
+# -- Sent: DISPATCHING → RUNNING, one attempt counted, the run row written with its lease. --
+# A task cancelled between claim and send is not DISPATCHING any more: no run is written for it;
+# nor for one another node claimed since (claimed_by), should this node have stalled that long.
+START_RUNS = """
+WITH input AS (
+    SELECT * FROM unnest(%(task_ids)s::uuid[], %(run_ids)s::uuid[], %(worker_ids)s::text[])
+        AS i(task_id, run_id, worker_id)
+), moved AS (
+    """ + guarded_update(
+    TaskStatus.RUNNING,
+    sources=[TaskStatus.DISPATCHING],
+    from_="input",
+    where="tasks.id = input.task_id AND tasks.claimed_by = %(node_id)s",
+    set="attempt_count = tasks.attempt_count + 1, started_at = now(), error_message = NULL",
+    returning="tasks.id, tasks.attempt_count, tasks.timeout_seconds, input.run_id, input.worker_id",
+) + """
+)
+INSERT INTO task_runs (id, task_id, attempt_number, worker_id, status, lease_expires_at, started_at,
+                       last_heartbeat_at)
+SELECT run_id, id, attempt_count, worker_id, 'RUNNING', now() + make_interval(secs => timeout_seconds),
+       now(), now()
+FROM moved
+ON CONFLICT DO NOTHING
+RETURNING task_id
+"""
+
+# -- Not sent (the stream broke first): DISPATCHING → PENDING, no attempt counted; wake dispatchers. --
+UNSEND = "WITH moved AS (" + guarded_update(
+    TaskStatus.PENDING, sources=[TaskStatus.DISPATCHING],
+    where="id = ANY(%(task_ids)s) AND claimed_by = %(node_id)s", returning="id, queue"
+) + f") SELECT moved.id, pg_notify('{TASK_READY}', moved.queue)::text FROM moved"
+
+# -- Heartbeats: extend the leases of the runs each worker really holds; ignore the rest. --
+HEARTBEAT = """
+UPDATE task_runs r
+SET lease_expires_at = GREATEST(r.lease_expires_at, now() + make_interval(secs => %(extension)s)),
+    last_heartbeat_at = now()
+FROM unnest(%(worker_ids)s::text[], %(task_ids)s::uuid[]) AS i(worker_id, task_id)
+WHERE r.task_id = i.task_id AND r.worker_id = i.worker_id AND r.status = 'RUNNING'
+RETURNING r.task_id
+"""
+
+# -- Workers served by this dispatcher are alive (refreshed for every session of the node). --
+TOUCH_WORKERS = """
+UPDATE workers SET last_heartbeat_at = now()
+WHERE id = ANY(%(worker_ids)s) AND node_id = %(node_id)s AND status = 'CONNECTED'
+"""
+
+# -- Log lines, one INSERT per batch; lines for runs that do not exist are dropped by the join. --
+INSERT_LOGS = """
+INSERT INTO task_logs (run_id, task_id, timestamp, level, message, metadata)
+SELECT i.run_id, r.task_id, to_timestamp(i.ts_ms / 1000.0), i.level, i.message, i.metadata::jsonb
+FROM unnest(%(run_ids)s::uuid[], %(ts_ms)s::bigint[], %(levels)s::text[], %(messages)s::text[],
+            %(metadata)s::text[]) AS i(run_id, ts_ms, level, message, metadata)
+JOIN task_runs r ON r.id = i.run_id
+"""
+
+# -- A worker said hello: record (or take over) its row for this node and session. --
+UPSERT_WORKER = """
+INSERT INTO workers (id, name, queues, concurrency, status, node_id, session_id, metadata, connected_at,
+                     last_heartbeat_at, disconnected_at)
+VALUES (%(id)s, %(name)s, %(queues)s, %(concurrency)s, 'CONNECTED', %(node_id)s, %(session_id)s,
+        %(metadata)s::jsonb, now(), now(), NULL)
+ON CONFLICT (id) DO UPDATE SET
+    name = EXCLUDED.name, queues = EXCLUDED.queues, concurrency = EXCLUDED.concurrency,
+    status = 'CONNECTED', node_id = EXCLUDED.node_id, session_id = EXCLUDED.session_id,
+    metadata = EXCLUDED.metadata, connected_at = now(), last_heartbeat_at = now(), disconnected_at = NULL
+"""
+
+# -- A session ended: only the session that still owns the row marks it DISCONNECTED. --
+DISCONNECT_WORKER = """
+UPDATE workers SET status = 'DISCONNECTED', disconnected_at = now()
+WHERE id = %(id)s AND session_id = %(session_id)s AND status = 'CONNECTED'
+RETURNING id
+"""

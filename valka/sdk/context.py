@@ -1,0 +1,139 @@
+"""What a handler gets: the task's identity, its input, logging, cancellation and signals."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from valka.sdk.errors import TaskCancelled
+from valka.v1 import common_pb2
+from valka.v1 import worker_pb2 as pb
+
+_LEVELS = {
+    "DEBUG": common_pb2.LOG_LEVEL_DEBUG, "INFO": common_pb2.LOG_LEVEL_INFO,
+    "WARN": common_pb2.LOG_LEVEL_WARN, "ERROR": common_pb2.LOG_LEVEL_ERROR,
+}
+
+
+@dataclass(frozen=True)
+class Signal:
+    """A message sent to the running task (`POST /api/v1/tasks/{id}/signal`)."""
+
+    id: str
+    type: str
+    payload: Any
+    sent_at_ms: int
+
+
+def _json(text: str) -> Any:
+    return json.loads(text) if text else None
+
+
+class TaskContext:
+    """Passed to every handler. Safe to use from async handlers and from sync ones (threads)."""
+
+    def __init__(self, assignment: pb.TaskAssignment, *, emit_log: Callable[[pb.LogEntry], None],
+                 loop: asyncio.AbstractEventLoop, ack_signal: Callable[[str], None]) -> None:
+        self.task_id = assignment.task_id
+        self.run_id = assignment.task_run_id
+        self.task_name = assignment.task_name
+        self.queue = assignment.queue_name
+        self.attempt = assignment.attempt_number
+        self.timeout_seconds = assignment.timeout_seconds
+        self.input: Any = _json(assignment.input)
+        self.metadata: dict[str, Any] = _json(assignment.metadata) or {}
+        self._emit_log = emit_log
+        self._loop = loop
+        self._ack_signal = ack_signal
+        self._cancelled = threading.Event()
+        self.cancel_reason = ""
+        self.cancelled_by_server = False
+        self._signals: asyncio.Queue[Signal] = asyncio.Queue()
+        self._seen_signals: set[str] = set()
+
+    # -- logging: lines are batched and streamed to the server --
+    def log(self, message: str, level: str = "INFO", **metadata: Any) -> None:
+        self._emit_log(pb.LogEntry(
+            task_run_id=self.run_id, timestamp_ms=int(time.time() * 1000), level=_LEVELS.get(level, 2),
+            message=str(message), metadata=json.dumps(metadata, default=str) if metadata else "",
+        ))
+
+    def debug(self, message: str, **metadata: Any) -> None:
+        self.log(message, "DEBUG", **metadata)
+
+    def info(self, message: str, **metadata: Any) -> None:
+        self.log(message, "INFO", **metadata)
+
+    def warn(self, message: str, **metadata: Any) -> None:
+        self.log(message, "WARN", **metadata)
+
+    def error(self, message: str, **metadata: Any) -> None:
+        self.log(message, "ERROR", **metadata)
+
+    # -- cancellation --
+    @property
+    def cancelled(self) -> bool:
+        return self._cancelled.is_set()
+
+    def raise_if_cancelled(self) -> None:
+        """For sync handlers: stop here if the task was cancelled."""
+        if self._cancelled.is_set():
+            raise TaskCancelled(self.cancel_reason or "cancelled")
+
+    def _cancel(self, reason: str, *, by_server: bool) -> None:
+        self.cancel_reason = reason
+        self.cancelled_by_server = by_server
+        self._cancelled.set()
+
+    # -- signals --
+    def _deliver(self, signal: Signal) -> None:
+        if signal.id in self._seen_signals:
+            return  # delivered again after a reconnect: the handler already has it
+        self._seen_signals.add(signal.id)
+        self._signals.put_nowait(signal)
+
+    def _consumed(self, signal: Signal) -> Signal:
+        self._ack_signal(signal.id)
+        return signal
+
+    async def signals(self) -> AsyncIterator[Signal]:
+        """Incoming signals, in the order they were sent; each is acknowledged as it is taken."""
+        while True:
+            yield self._consumed(await self._signals.get())
+
+    async def wait_for_signal(self, signal_type: str | None = None, timeout: float | None = None) -> Signal | None:
+        """The next signal (of `signal_type`, if given), or None after `timeout` seconds.
+
+        Signals of other types that arrive meanwhile are acknowledged and passed over.
+        """
+        deadline = None if timeout is None else self._loop.time() + timeout
+        while True:
+            remaining = None if deadline is None else max(0.0, deadline - self._loop.time())
+            try:
+                signal = await asyncio.wait_for(self._signals.get(), remaining)
+            except TimeoutError:
+                return None
+            self._consumed(signal)
+            if signal_type is None or signal.type == signal_type:
+                return signal
+
+    def poll_signal(self) -> Signal | None:
+        """For sync handlers: the next waiting signal, or None (acknowledged when returned)."""
+        holder: list[Signal | None] = []
+        done = threading.Event()
+
+        def take() -> None:
+            try:
+                holder.append(self._consumed(self._signals.get_nowait()))
+            except asyncio.QueueEmpty:
+                holder.append(None)
+            done.set()
+
+        self._loop.call_soon_threadsafe(take)
+        done.wait(5)
+        return holder[0] if holder else None

@@ -1,0 +1,361 @@
+"""The worker: one gRPC stream to a dispatcher, handlers per task name.
+
+    worker = Worker("127.0.0.1:50051", queues=["emails"], concurrency=8)
+
+    @worker.task("send_email")
+    async def send_email(ctx):
+        ctx.log("sending", to=ctx.input["to"])
+        return {"sent": True}
+
+    worker.run()
+
+Async handlers run on the event loop; plain functions run in a thread pool.
+A return value (JSON-serialisable) is the output; an exception is a
+retryable failure; `NonRetryableError` fails the task for good.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import json
+import logging
+import random
+import signal as signal_module
+import socket
+import time
+import uuid
+from collections import deque
+from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+
+from valka.sdk.context import Signal, TaskContext
+from valka.sdk.errors import NonRetryableError, TaskCancelled
+from valka.v1 import worker_pb2 as pb
+from valka.v1 import worker_pb2_grpc
+
+log = logging.getLogger("valka.worker")
+
+Handler = Callable[[TaskContext], Any]
+SignalHook = Callable[[TaskContext, Signal], Any]
+
+CHANNEL_OPTIONS = [
+    ("grpc.keepalive_time_ms", 20_000),
+    ("grpc.keepalive_timeout_ms", 10_000),
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
+    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+]
+
+
+@dataclass(eq=False)
+class _Running:
+    ctx: TaskContext
+    task: asyncio.Task
+    run_id: str
+    signal_hooks: list[asyncio.Task] = field(default_factory=list)
+
+
+class Worker:
+    def __init__(
+        self,
+        server: str = "127.0.0.1:50051",
+        *,
+        queues: list[str] | tuple[str, ...] = ("default",),
+        concurrency: int = 4,
+        name: str | None = None,
+        worker_id: str | None = None,
+        heartbeat_interval: float = 30.0,
+        drain_timeout: float = 30.0,
+        token: str | None = None,
+        metadata: dict[str, Any] | None = None,
+        reconnect_max_delay: float = 10.0,
+    ) -> None:
+        if not queues:
+            raise ValueError("a worker needs at least one queue")
+        self.server = server
+        self.queues = list(queues)
+        self.concurrency = max(1, concurrency)
+        self.name = name or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
+        self.worker_id = worker_id or str(uuid.uuid4())  # kept across reconnects
+        self.heartbeat_interval = heartbeat_interval
+        self.drain_timeout = drain_timeout
+        self.token = token
+        self.metadata = metadata or {}
+        self.reconnect_max_delay = reconnect_max_delay
+        self._handlers: dict[str, Handler] = {}
+        self._signal_hook: SignalHook | None = None
+        self._running: dict[str, _Running] = {}
+        self._outbox: asyncio.Queue[pb.WorkerRequest] | None = None
+        self._logs: deque[pb.LogEntry] = deque()
+        self._stopping: asyncio.Event | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._executor: ThreadPoolExecutor | None = None
+        self.connected = False
+        self.tasks_done = 0
+
+    # -- registration --
+    def task(self, name: str) -> Callable[[Handler], Handler]:
+        """Register the decorated function as the handler of `name`."""
+
+        def register(fn: Handler) -> Handler:
+            self._handlers[name] = fn
+            return fn
+
+        return register
+
+    def register(self, name: str, fn: Handler) -> None:
+        self._handlers[name] = fn
+
+    def on_signal(self, fn: SignalHook) -> SignalHook:
+        """Call `fn(ctx, signal)` for every signal to a running task; acknowledged when it returns."""
+        self._signal_hook = fn
+        return fn
+
+    # -- running --
+    def run(self) -> None:
+        """Run until SIGTERM/SIGINT, then drain and exit."""
+        asyncio.run(self.arun(install_signal_handlers=True))
+
+    def stop(self) -> None:
+        """Ask the worker to drain and exit (thread-safe)."""
+        if self._loop is not None and self._stopping is not None:
+            self._loop.call_soon_threadsafe(self._stopping.set)
+
+    async def arun(self, install_signal_handlers: bool = False) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stopping = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="valka-handler")
+        if install_signal_handlers:
+            for sig in (signal_module.SIGTERM, signal_module.SIGINT):
+                self._loop.add_signal_handler(sig, self._stopping.set)
+        delay = 0.2
+        try:
+            while not self._stopping.is_set():
+                started = time.monotonic()
+                try:
+                    await self._session()
+                except grpc.aio.AioRpcError as exc:
+                    if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT,
+                                      grpc.StatusCode.FAILED_PRECONDITION):
+                        log.error("worker: the dispatcher refused the session: %s", exc.details())
+                        raise
+                    log.warning("worker: stream to %s broke: %s %s", self.server, exc.code().name, exc.details())
+                except (ConnectionError, OSError) as exc:
+                    log.warning("worker: cannot reach %s: %s", self.server, exc)
+                self.connected = False
+                if self._stopping.is_set():
+                    break
+                if time.monotonic() - started > 10:
+                    delay = 0.2  # it was up for a while: start the backoff over
+                sleep = random.uniform(delay / 2, delay)
+                delay = min(delay * 2, self.reconnect_max_delay)
+                try:
+                    await asyncio.wait_for(self._stopping.wait(), sleep)
+                except TimeoutError:
+                    pass
+        finally:
+            await self._cancel_all("worker stopped")
+            self._executor.shutdown(wait=False, cancel_futures=True)
+
+    async def _session(self) -> None:
+        metadata = (("authorization", f"Bearer {self.token}"),) if self.token else None
+        async with grpc.aio.insecure_channel(self.server, options=CHANNEL_OPTIONS) as channel:
+            stub = worker_pb2_grpc.WorkerServiceStub(channel)
+            call = stub.Session(metadata=metadata)
+            self._outbox = asyncio.Queue()
+            await call.write(pb.WorkerRequest(hello=pb.WorkerHello(
+                worker_id=self.worker_id, worker_name=self.name, queues=self.queues,
+                concurrency=self.concurrency, metadata=json.dumps(self.metadata),
+            )))
+            helpers = [
+                asyncio.create_task(self._write(call)),
+                asyncio.create_task(self._heartbeats()),
+                asyncio.create_task(self._flush_logs()),
+                asyncio.create_task(self._watch_stop(call)),
+            ]
+            self.connected = True
+            log.info("worker %s connected to %s (queues: %s)", self.name, self.server, ", ".join(self.queues))
+            draining = False
+            try:
+                while True:
+                    msg = await call.read()
+                    if msg is grpc.aio.EOF:
+                        break
+                    kind = msg.WhichOneof("response")
+                    if kind == "task_assignment":
+                        self._start(msg.task_assignment)
+                    elif kind == "task_cancellation":
+                        self._cancel(msg.task_cancellation.task_id, msg.task_cancellation.reason)
+                    elif kind == "task_signal":
+                        self._signal(msg.task_signal)
+                    elif kind == "server_shutdown":
+                        log.info("worker: dispatcher is shutting down (%s); draining", msg.server_shutdown.reason)
+                        draining = True
+                        asyncio.create_task(self._drain_then_close(call, msg.server_shutdown.drain_seconds))
+                    # heartbeat_ack and anything newer need no answer
+                if not draining:
+                    await call.code()  # surface the status of a stream the server ended
+            finally:
+                for helper in helpers:
+                    helper.cancel()
+                # Results of handlers still running cannot reach the server any more: the
+                # dispatcher releases those tasks for a retry, so stop them here.
+                await self._cancel_all("connection to the dispatcher lost")
+                self._outbox = None
+
+    async def _drain_then_close(self, call: Any, drain_seconds: int) -> None:
+        await self._wait_running(max(1.0, float(drain_seconds)))
+        await self._flush_now()
+        await asyncio.sleep(0.05)
+        await call.done_writing()
+
+    async def _watch_stop(self, call: Any) -> None:
+        assert self._stopping is not None
+        await self._stopping.wait()
+        log.info("worker %s: stopping; draining %d running task(s)", self.name, len(self._running))
+        self._send(pb.WorkerRequest(shutdown=pb.GracefulShutdown(reason="worker stopping")))
+        await self._wait_running(self.drain_timeout)
+        await self._cancel_all("worker stopped")
+        await self._flush_now()
+        await asyncio.sleep(0.05)
+        await call.done_writing()
+        call.cancel()
+
+    async def _wait_running(self, timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while self._running and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+
+    async def _write(self, call: Any) -> None:
+        assert self._outbox is not None
+        outbox = self._outbox
+        while True:
+            await call.write(await outbox.get())
+
+    def _send(self, request: pb.WorkerRequest) -> None:
+        if self._outbox is not None:
+            self._outbox.put_nowait(request)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            await asyncio.sleep(self.heartbeat_interval)
+            self._send(pb.WorkerRequest(heartbeat=pb.Heartbeat(
+                active_task_ids=list(self._running), timestamp_ms=int(time.time() * 1000))))
+
+    async def _flush_logs(self) -> None:
+        while True:
+            await asyncio.sleep(0.2)
+            await self._flush_now()
+
+    async def _flush_now(self) -> None:
+        while self._logs:
+            batch = []
+            while self._logs and len(batch) < 500:
+                batch.append(self._logs.popleft())
+            self._send(pb.WorkerRequest(log_batch=pb.LogBatch(entries=batch)))
+
+    # -- tasks --
+    def _start(self, assignment: pb.TaskAssignment) -> None:
+        assert self._loop is not None
+        ctx = TaskContext(assignment, emit_log=self._logs.append, loop=self._loop, ack_signal=self._ack)
+        task = asyncio.create_task(self._execute(ctx), name=f"valka-task-{assignment.task_id}")
+        self._running[assignment.task_id] = _Running(ctx=ctx, task=task, run_id=assignment.task_run_id)
+
+    async def _execute(self, ctx: TaskContext) -> None:
+        handler = self._handlers.get(ctx.task_name)
+        result = pb.TaskResult(task_id=ctx.task_id, task_run_id=ctx.run_id)
+        try:
+            if handler is None:
+                raise NonRetryableError(f"no handler registered for task {ctx.task_name!r} on worker {self.name}")
+            if inspect.iscoroutinefunction(handler):
+                output = await handler(ctx)
+            else:
+                assert self._loop is not None
+                output = await self._loop.run_in_executor(self._executor, handler, ctx)
+                if inspect.isawaitable(output):
+                    output = await output
+            result.success = True
+            result.output = "" if output is None else json.dumps(output)
+        except asyncio.CancelledError:
+            if not ctx.cancelled_by_server:
+                # The worker is going away: no result; the dispatcher releases the task for a retry.
+                self._running.pop(ctx.task_id, None)
+                raise
+            result.success, result.retryable = False, False
+            result.error_message = f"cancelled: {ctx.cancel_reason or 'cancelled'}"
+        except TaskCancelled as exc:
+            result.success, result.retryable = False, False
+            result.error_message = f"cancelled: {exc}"
+        except NonRetryableError as exc:
+            result.success, result.retryable = False, False
+            result.error_message = str(exc) or type(exc).__name__
+        except Exception as exc:
+            result.success, result.retryable = False, True
+            result.error_message = f"{type(exc).__name__}: {exc}"
+        finally:
+            entry = self._running.pop(ctx.task_id, None)
+            if entry is not None:
+                for hook in entry.signal_hooks:
+                    hook.cancel()
+        self.tasks_done += 1
+        await self._flush_now()
+        self._send(pb.WorkerRequest(task_result=result))
+
+    def _cancel(self, task_id: str, reason: str) -> None:
+        entry = self._running.get(task_id)
+        if entry is None:
+            return
+        entry.ctx._cancel(reason or "cancelled", by_server=True)
+        entry.task.cancel()  # async handlers stop at their next await; sync ones see ctx.cancelled
+
+    async def _cancel_all(self, reason: str) -> None:
+        entries = list(self._running.values())
+        for entry in entries:
+            entry.ctx._cancel(reason, by_server=False)
+            entry.task.cancel()
+        if entries:
+            await asyncio.gather(*(e.task for e in entries), return_exceptions=True)
+        self._running.clear()
+
+    # -- signals --
+    def _signal(self, message: pb.TaskSignal) -> None:
+        entry = self._running.get(message.task_id)
+        if entry is None:
+            return  # not ours (any more): unacknowledged, the server redelivers it to the next attempt
+        try:
+            payload = json.loads(message.payload) if message.payload else None
+        except ValueError:
+            payload = message.payload
+        signal = Signal(id=message.signal_id, type=message.signal_name, payload=payload,
+                        sent_at_ms=message.timestamp_ms)
+        if self._signal_hook is not None:
+            entry.signal_hooks.append(asyncio.create_task(self._run_hook(entry.ctx, signal)))
+        else:
+            entry.ctx._deliver(signal)
+
+    async def _run_hook(self, ctx: TaskContext, signal: Signal) -> None:
+        assert self._signal_hook is not None
+        try:
+            result = self._signal_hook(ctx, signal)
+            if isinstance(result, Awaitable):
+                await result
+        except Exception:
+            log.exception("worker: signal hook failed for %s", signal.id)
+        self._ack(signal.id)
+
+    def _ack(self, signal_id: str) -> None:
+        request = pb.WorkerRequest(signal_ack=pb.SignalAck(signal_id=signal_id))
+        if self._loop is not None and self._loop.is_running():
+            try:
+                running = asyncio.get_running_loop()
+            except RuntimeError:
+                running = None
+            if running is self._loop:
+                self._send(request)
+            else:
+                self._loop.call_soon_threadsafe(self._send, request)
