@@ -78,6 +78,11 @@ class Task(models.Model):
                 "queue", models.F("priority").desc(), "run_at", "id",
                 name="tasks_dispatch_idx", condition=Q(status="PENDING"),
             ),
+            # The delayed promoter: PENDING tasks created to run later, by due time.
+            models.Index(
+                fields=["run_at"], name="tasks_delayed_idx",
+                condition=Q(status="PENDING") & Q(run_at__gt=models.F("created_at")),
+            ),
             # The retry engine: RETRY tasks by their next attempt time.
             models.Index(fields=["run_at"], name="tasks_retry_due_idx", condition=Q(status="RETRY")),
             # The reaper's second job: DISPATCHING tasks whose dispatcher died.

@@ -147,7 +147,10 @@ VALKA = {
     "RETENTION_DAYS": env.float("VALKA_RETENTION_DAYS", default=7.0),
     "DEAD_LETTER_RETENTION_DAYS": env.float("VALKA_DEAD_LETTER_RETENTION_DAYS", default=30.0),
     "SCHEDULER_BATCH_SIZE": env.int("VALKA_SCHEDULER_BATCH_SIZE", default=500),
-    "SCHEDULER_MAX_SLEEP": env.float("VALKA_SCHEDULER_MAX_SLEEP", default=5.0),
+    # The retry engine and the delayed promoter wake at least this often (seconds), so a retry
+    # or a scheduled task is picked up within about this long of its time.
+    "SCHEDULER_MAX_SLEEP": env.float("VALKA_SCHEDULER_MAX_SLEEP", default=1.0),
+    "RETENTION_INTERVAL": env.float("VALKA_RETENTION_INTERVAL", default=600.0),
 }
 
 # Bodies may carry `input` and `metadata` of MAX_PAYLOAD_BYTES each, so the request

@@ -1,0 +1,166 @@
+"""What every scheduler loop shares: its settings, its shape, and how it survives errors.
+
+A loop is an object with `run_once(db, now=None) -> int` (one pass: batches
+until nothing is due, each batch its own transaction; returns how many rows
+it moved) and `run(stop)` (passes until `stop` is set, sleeping in between).
+Tests call `run_once()` directly with an explicit `now`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from datetime import datetime
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+log = logging.getLogger("valka.scheduler")
+
+MIN_SLEEP = 0.05  # never spin, even when something is overdue but locked by someone else
+DUE_SLACK = 0.01  # wake just after a due time, not a hair before it
+MAX_BACKOFF = 30.0  # after repeated errors (database down), retry at least this often
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    batch_size: int = 500
+    max_sleep: float = 1.0  # upper bound of a due-time sleep (retry engine, promoter)
+    reaper_interval: float = 30.0  # lease reaper and worker janitor
+    dispatching_timeout: float = 60.0
+    worker_timeout: float = 120.0
+    retention_interval: float = 600.0
+    retention_days: float = 7.0
+    dead_letter_retention_days: float = 30.0
+    retry_params: dict[str, float] = field(default_factory=dict)
+
+    @classmethod
+    def from_settings(cls) -> SchedulerConfig:
+        from tasks.retry import RetryPolicy
+        from valka.conf import valka_settings as s
+
+        return cls(
+            batch_size=int(s.SCHEDULER_BATCH_SIZE),
+            max_sleep=float(s.SCHEDULER_MAX_SLEEP),
+            reaper_interval=float(s.REAPER_INTERVAL),
+            dispatching_timeout=float(s.DISPATCHING_TIMEOUT),
+            worker_timeout=float(s.WORKER_TIMEOUT),
+            retention_interval=float(s.RETENTION_INTERVAL),
+            retention_days=float(s.RETENTION_DAYS),
+            dead_letter_retention_days=float(s.DEAD_LETTER_RETENTION_DAYS),
+            retry_params=RetryPolicy.from_settings().sql_params(),
+        )
+
+
+DB = AsyncConnectionPool | psycopg.AsyncConnection
+
+
+@asynccontextmanager
+async def connection(db: DB) -> AsyncIterator[psycopg.AsyncConnection]:
+    """A connection from a pool (returned afterwards), or the connection itself."""
+    if isinstance(db, AsyncConnectionPool):
+        async with db.connection() as conn:
+            yield conn
+    else:
+        yield db
+
+
+async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), max(seconds, 0.0))
+    except TimeoutError:
+        pass
+
+
+def jittered(seconds: float, spread: float = 0.1) -> float:
+    """`seconds` ± `spread`, so several loops (or schedulers) do not fire in step."""
+    return seconds * (1.0 + spread * (2.0 * random.random() - 1.0))
+
+
+class Loop:
+    """The shape of a loop. Subclasses implement `run_once` and, if they know when
+    their next item is due, `next_delay`; the default is a fixed, jittered interval."""
+
+    name = "loop"
+
+    def __init__(self, config: SchedulerConfig | None = None, pool: AsyncConnectionPool | None = None) -> None:
+        self.config = config or SchedulerConfig.from_settings()
+        self.pool = pool
+        self._stop: asyncio.Event | None = None
+
+    @property
+    def interval(self) -> float:
+        return self.config.reaper_interval
+
+    @property
+    def stopping(self) -> bool:
+        """Checked between batches: a stop (or lost leadership) ends the pass after the batch in hand."""
+        return self._stop is not None and self._stop.is_set()
+
+    async def run_once(self, db: DB, now: datetime | None = None) -> int:
+        raise NotImplementedError
+
+    async def next_delay(self, db: DB) -> float:
+        return jittered(self.interval)
+
+    async def sleep_until_due(self, db: DB, statement: str) -> float:
+        """The sleep before the next pass of a loop that knows when its next item is due:
+        `statement` returns the seconds until then (NULL if nothing waits). Bounded by
+        `max_sleep`, because new items can appear without waking us."""
+        async with connection(db) as conn:
+            cur = await conn.execute(statement)
+            row = await cur.fetchone()
+        due = row[0] if row else None
+        if due is None:
+            return self.config.max_sleep
+        return min(self.config.max_sleep, max(MIN_SLEEP, due + DUE_SLACK))
+
+    async def repeat(self, conn: psycopg.AsyncConnection,
+                     batch: Callable[[psycopg.AsyncConnection], Awaitable[int]]) -> int:
+        """Run `batch` in a transaction of its own until it handles less than a full batch
+        (nothing more is due) or a stop is asked for. Returns the rows handled in all.
+        A process killed mid-batch rolls back that batch only: no row is half-moved."""
+        total = 0
+        while True:
+            async with conn.transaction():
+                handled = await batch(conn)
+            total += handled
+            if handled < self.config.batch_size or self.stopping:
+                return total
+
+    def report(self, **counts: int) -> int:
+        """Log one line if the pass moved anything; returns the total."""
+        total = sum(counts.values())
+        if total:
+            parts = ", ".join(f"{n} {what}" for what, n in counts.items() if n)
+            log.info("%s: %s", self.name, parts)
+        return total
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Pass, sleep, repeat until `stop`. An error (database restarting, connection lost)
+        is logged and retried with a growing backoff; the pool replaces broken connections."""
+        if self.pool is None:
+            raise RuntimeError(f"{self.name}: run() needs a pool")
+        self._stop = stop
+        failures = 0
+        while not stop.is_set():
+            try:
+                await self.run_once(self.pool)
+                delay = await self.next_delay(self.pool)
+                if failures:
+                    log.info("%s: database reachable again", self.name)
+                failures = 0
+            except (psycopg.Error, OSError) as exc:
+                failures += 1
+                delay = min(MAX_BACKOFF, 0.5 * 2 ** min(failures, 10))
+                log.warning("%s: %s: %s; retrying in %.1fs", self.name, type(exc).__name__,
+                            str(exc).strip() or "no detail", delay)
+            except Exception:
+                failures += 1
+                delay = min(MAX_BACKOFF, 0.5 * 2 ** min(failures, 10))
+                log.exception("%s: pass failed; retrying in %.1fs", self.name, delay)
+            await sleep_or_stop(stop, max(delay, MIN_SLEEP))

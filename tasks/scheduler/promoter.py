@@ -1,0 +1,54 @@
+"""The delayed promoter: announces scheduled tasks to the dispatchers when their time comes.
+
+A PENDING task created with a future `run_at` is claimable from then on, but
+nothing wakes the dispatchers at that moment. This loop remembers up to when
+it has looked (the watermark, on the database clock) and each pass sends one
+`NOTIFY valka_task_ready, <queue>` per queue with tasks that fell due since.
+It moves and locks nothing: the NOTIFY only wakes dispatchers, who claim as
+usual (and poll anyway, so a missed wake-up costs a poll interval, no task).
+
+Tasks due at once are announced by whoever makes them PENDING (enqueue, the
+retry engine, the reaper), so only delayed tasks (`run_at > created_at`) are
+looked at, through their own small partial index.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from tasks.scheduler.base import DB, Loop, SchedulerConfig, connection
+from tasks.sql import maintenance
+
+# On its first pass (and after taking over from another scheduler) the promoter also
+# announces tasks that fell due this long before: whatever the previous leader may have missed.
+LOOKBACK_SECONDS = 60.0
+
+
+class DelayedPromoter(Loop):
+    name = "delayed promoter"
+
+    def __init__(self, config: SchedulerConfig | None = None, pool=None) -> None:
+        super().__init__(config, pool)
+        self.watermark: datetime | None = None
+
+    async def run_once(self, db: DB, now: datetime | None = None) -> int:
+        """Announce the delayed tasks that fell due in (watermark, now]; the watermark moves
+        to `now` only once the NOTIFYs are committed, so a failed pass is repeated, not lost."""
+        async with connection(db) as conn, conn.transaction():
+            cur = await conn.execute(maintenance.DUE_DELAYED, {
+                "now": now, "since": self.watermark, "lookback": LOOKBACK_SECONDS})
+            rows = await cur.fetchall()
+        self.watermark = rows[0][0]
+        due = sum(row[2] for row in rows)
+        queues = sum(1 for row in rows if row[1] is not None)
+        if due:
+            return self.report(**{f"delayed tasks due, announced on {queues} queue(s)": due})
+        return 0
+
+    async def next_delay(self, db: DB) -> float:
+        """Sleep until the next delayed task falls due (bounded by max_sleep)."""
+        return await self.sleep_until_due(db, maintenance.NEXT_DELAYED_DUE)
+
+    def reset(self) -> None:
+        """Forget the watermark (on gaining leadership): the next pass looks back LOOKBACK_SECONDS."""
+        self.watermark = None

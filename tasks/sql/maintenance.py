@@ -1,0 +1,166 @@
+"""The scheduler's statements: retry, reap, promote, janitor, retention.
+
+Every statement works on a bounded batch (`%(limit)s`) picked with
+`FOR UPDATE SKIP LOCKED`: a row another transaction holds (a dispatcher
+writing a result, a cancel, another scheduler) is skipped this pass and
+looked at again on the next, so the scheduler never waits on the hot path
+and never overrules it. Status changes are the state machine's guarded
+updates. `%(now)s` may be NULL (the database clock) or an explicit time, so
+tests move time without sleeping.
+"""
+
+from tasks.notify import TASK_READY
+from tasks.states import FINAL_STATES, TaskStatus, guarded_update
+
+# The reference time of a statement: the caller's, or the database's own clock.
+NOW = "COALESCE(%(now)s::timestamptz, now())"
+
+_RETENTION_FINAL = ", ".join(f"'{s.value}'" for s in sorted(FINAL_STATES - {TaskStatus.DEAD_LETTER}))
+
+# ---------------------------------------------------------------- retry engine
+
+# -- Due RETRY tasks with attempts left → PENDING, earliest first; one NOTIFY per queue, one row per queue. --
+# Matches tasks_retry_due_idx (run_at) WHERE status = 'RETRY'.
+RETRY_DUE = f"""
+WITH picked AS (
+    SELECT id FROM tasks
+    WHERE status = 'RETRY' AND run_at <= {NOW} AND attempt_count <= max_retries
+    ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), moved AS (
+    {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.RETRY], where="id IN (SELECT id FROM picked)",
+                    set="claimed_by = NULL", returning="id, queue")}
+)
+SELECT queue, count(*) AS moved, pg_notify('{TASK_READY}', queue)::text FROM moved GROUP BY queue
+"""
+
+# -- RETRY tasks with no attempts left, locked for lifecycle.DEAD_LETTER_TASKS in the same transaction. --
+RETRY_EXHAUSTED = """
+SELECT id FROM tasks
+WHERE status = 'RETRY' AND attempt_count > max_retries
+ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+"""
+
+# -- Seconds until the earliest RETRY task is due (negative if overdue, NULL if none). --
+NEXT_RETRY_DUE = """
+SELECT EXTRACT(EPOCH FROM min(run_at) - now())::float8 FROM tasks WHERE status = 'RETRY'
+"""
+
+# ---------------------------------------------------------------- lease reaper
+
+# -- RUNNING runs whose lease has expired, locked with their task for outcomes.retry_runs. --
+# Both rows are locked (or the pair skipped), so a heartbeat, a result or a cancel
+# that is writing either row right now wins, and one that comes later finds the
+# run closed and changes nothing. Matches task_runs_lease_idx WHERE status = 'RUNNING'.
+EXPIRED_LEASES = f"""
+SELECT r.id FROM task_runs r JOIN tasks t ON t.id = r.task_id
+WHERE r.status = 'RUNNING' AND r.lease_expires_at < {NOW}
+ORDER BY r.lease_expires_at LIMIT %(limit)s
+FOR UPDATE OF r, t SKIP LOCKED
+"""
+
+# -- DISPATCHING tasks claimed longer than %(timeout)s ago (their dispatcher died) → PENDING, no attempt counted. --
+# Matches tasks_dispatching_idx (updated_at) WHERE status = 'DISPATCHING'; one NOTIFY per queue.
+STUCK_DISPATCHING = f"""
+WITH picked AS (
+    SELECT id FROM tasks
+    WHERE status = 'DISPATCHING' AND updated_at < {NOW} - make_interval(secs => %(timeout)s)
+    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), moved AS (
+    {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.DISPATCHING], where="id IN (SELECT id FROM picked)",
+                    set="claimed_by = NULL", returning="id, queue")}
+)
+SELECT queue, count(*) AS moved, pg_notify('{TASK_READY}', queue)::text FROM moved GROUP BY queue
+"""
+
+# ---------------------------------------------------------------- delayed promoter
+
+# -- Delayed PENDING tasks that fell due in (%(since)s, now]: count them and NOTIFY once per queue. --
+# Always returns the reference time in its first row (queue NULL when nothing fell due), which
+# becomes the next pass's %(since)s. Matches tasks_delayed_idx. Nothing is moved or locked.
+DUE_DELAYED = f"""
+WITH clock AS MATERIALIZED (SELECT {NOW} AS now),
+due AS (
+    SELECT t.queue, count(*) AS n FROM tasks t, clock
+    WHERE t.status = 'PENDING' AND t.run_at > t.created_at
+      AND t.run_at > COALESCE(%(since)s::timestamptz, clock.now - make_interval(secs => %(lookback)s))
+      AND t.run_at <= clock.now
+    GROUP BY t.queue
+)
+SELECT clock.now, due.queue, COALESCE(due.n, 0),
+       CASE WHEN due.queue IS NOT NULL THEN pg_notify('{TASK_READY}', due.queue)::text END
+FROM clock LEFT JOIN due ON true
+"""
+
+# -- Seconds until the next delayed PENDING task falls due (NULL if none). --
+NEXT_DELAYED_DUE = """
+SELECT EXTRACT(EPOCH FROM min(run_at) - now())::float8 FROM tasks
+WHERE status = 'PENDING' AND run_at > created_at AND run_at > now()
+"""
+
+# ---------------------------------------------------------------- worker janitor
+
+# -- CONNECTED workers not heard from for %(timeout)s → DISCONNECTED. --
+# The guard is repeated in the UPDATE: a worker whose dispatcher touched it, or that
+# reconnected, after the pick is not disconnected (and one being touched is skipped).
+STALE_WORKERS = f"""
+WITH picked AS (
+    SELECT id FROM workers
+    WHERE status = 'CONNECTED' AND last_heartbeat_at < {NOW} - make_interval(secs => %(timeout)s)
+    ORDER BY last_heartbeat_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+UPDATE workers w SET status = 'DISCONNECTED', disconnected_at = now()
+FROM picked
+WHERE w.id = picked.id AND w.status = 'CONNECTED'
+  AND w.last_heartbeat_at < {NOW} - make_interval(secs => %(timeout)s)
+RETURNING w.id
+"""
+
+# -- The RUNNING runs of those workers, locked with their tasks for outcomes.retry_runs. --
+# A run skipped here (its row busy) keeps its lease; the lease reaper closes it later.
+RUNS_OF_WORKERS = """
+SELECT r.id, r.worker_id FROM task_runs r JOIN tasks t ON t.id = r.task_id
+WHERE r.worker_id = ANY(%(worker_ids)s) AND r.status = 'RUNNING'
+FOR UPDATE OF r, t SKIP LOCKED
+"""
+
+# ---------------------------------------------------------------- retention
+
+# -- Finished tasks (COMPLETED, FAILED, CANCELLED) older than %(days)s → deleted, oldest first. --
+# Runs, logs and signals go with them by ON DELETE CASCADE; replays and dead letters
+# that point at them keep their rows (ON DELETE SET NULL). Matches tasks_finished_idx.
+PRUNE_FINISHED = f"""
+WITH picked AS (
+    SELECT id FROM tasks
+    WHERE status IN ({_RETENTION_FINAL}) AND finished_at < {NOW} - %(days)s * interval '1 day'
+    ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+DELETE FROM tasks WHERE id IN (SELECT id FROM picked)
+RETURNING id
+"""
+
+# -- Dead letters older than %(days)s → deleted, with their DEAD_LETTER task. Returns one row per letter. --
+PRUNE_DEAD_LETTERS = f"""
+WITH picked AS (
+    SELECT id FROM dead_letter_queue
+    WHERE created_at < {NOW} - %(days)s * interval '1 day'
+    ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+), letters AS (
+    DELETE FROM dead_letter_queue WHERE id IN (SELECT id FROM picked) RETURNING id, task_id
+), gone AS (
+    DELETE FROM tasks WHERE id IN (SELECT task_id FROM letters) AND status = '{TaskStatus.DEAD_LETTER.value}'
+    RETURNING id
+)
+SELECT letters.id, gone.id FROM letters LEFT JOIN gone ON gone.id = letters.task_id
+"""
+
+# -- DEAD_LETTER tasks older than %(days)s whose dead letter was deleted by hand → deleted. --
+PRUNE_ORPHAN_DEAD_LETTER_TASKS = f"""
+WITH picked AS (
+    SELECT id FROM tasks t
+    WHERE status = '{TaskStatus.DEAD_LETTER.value}' AND finished_at < {NOW} - %(days)s * interval '1 day'
+      AND NOT EXISTS (SELECT 1 FROM dead_letter_queue d WHERE d.task_id = t.id)
+    ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+DELETE FROM tasks WHERE id IN (SELECT id FROM picked)
+RETURNING id
+"""
