@@ -8,6 +8,7 @@ from django.db import close_old_connections
 
 from dispatcher import convert
 from dispatcher.errors import grpc_message, grpc_status
+from signals.services import signal_send
 from tasks import selectors, services
 from tasks.errors import ValidationError, ValkaError
 from valka.v1 import api_pb2, api_pb2_grpc
@@ -52,6 +53,11 @@ def create_task(request: api_pb2.CreateTaskRequest):
     return task
 
 
+def send_signal(request: api_pb2.SendSignalRequest):
+    return signal_send(task_id=request.task_id, signal_type=request.signal_name,
+                       payload=convert.load_json("payload", request.payload))
+
+
 def list_tasks(request: api_pb2.ListTasksRequest):
     status = convert.FROM_PROTO_STATUS.get(request.status) if request.status else None
     size = request.pagination.page_size or DEFAULT_PAGE
@@ -85,3 +91,7 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
     async def CancelTask(self, request, context):  # noqa: N802
         task = await _call(context, services.task_cancel, task_id=request.task_id)
         return api_pb2.CancelTaskResponse(task=convert.task_meta(task))
+
+    async def SendSignal(self, request, context):  # noqa: N802
+        signal, delivered = await _call(context, send_signal, request)
+        return api_pb2.SendSignalResponse(signal_id=str(signal.id), delivered=delivered)

@@ -155,6 +155,9 @@ class Flusher:
                 "node_id": self.node.settings.node_id,
             })
             started = {str(row[0]) for row in await cur.fetchall()}
+            if started:
+                # Signals sent while the task waited go out right after its assignment.
+                await self.node.signal_handler.deliver(list(started), conn)
         for entry, _ in starts:
             ok = entry.task_id in started
             if not entry.started.done():

@@ -22,6 +22,7 @@ from dispatcher.db import conninfo, make_pool
 from dispatcher.flusher import Flusher, LogLine, Result, valid_uuid
 from dispatcher.listener import Listener
 from dispatcher.session import WorkerSession
+from dispatcher.signals import SignalRelay
 from tasks.notify import SIGNAL_SENT, TASK_CANCELLED, TASK_READY
 from tasks.retry import RetryPolicy
 from tasks.sql import outcomes
@@ -90,7 +91,7 @@ class DispatcherNode:
         self._flusher_stop = asyncio.Event()
         self._tasks: list[asyncio.Task] = []
         self.open_streams = 0  # stream handlers still running (their cleanup included)
-        self.signal_handler = None  # set by the signals feature: (node, task_id) -> None
+        self.signal_handler = SignalRelay(self)
 
     # -- lifecycle --
     async def start(self) -> None:
@@ -177,8 +178,6 @@ class DispatcherNode:
                  ",".join(session.queues), session.concurrency)
         for queue in session.queues:
             self.claimer.wake(queue)
-        if self.signal_handler is not None:
-            self.signal_handler.on_session(session)
         return session
 
     async def close_session(self, session: WorkerSession, reason: str = "worker disconnected") -> None:
@@ -291,8 +290,7 @@ class DispatcherNode:
                 session.send(pb.WorkerResponse(task_cancellation=pb.TaskCancellation(task_id=task_id, reason=reason)))
 
     def _on_signal(self, task_id: str) -> None:
-        if self.signal_handler is not None:
-            self.signal_handler.on_notify(task_id)
+        self.signal_handler.on_notify(task_id)
 
     def unsend(self, task_ids: list[str]) -> None:
         async def _write() -> None:

@@ -69,13 +69,14 @@ UPDATE workers SET last_heartbeat_at = now()
 WHERE id = ANY(%(worker_ids)s) AND node_id = %(node_id)s AND status = 'CONNECTED'
 """
 
-# -- Log lines, one INSERT per batch; lines for runs that do not exist are dropped by the join. --
+# -- Log lines, one INSERT per batch, ids in the order sent; lines of unknown runs are dropped. --
 INSERT_LOGS = """
 INSERT INTO task_logs (run_id, task_id, timestamp, level, message, metadata)
 SELECT i.run_id, r.task_id, to_timestamp(i.ts_ms / 1000.0), i.level, i.message, i.metadata::jsonb
 FROM unnest(%(run_ids)s::uuid[], %(ts_ms)s::bigint[], %(levels)s::text[], %(messages)s::text[],
-            %(metadata)s::text[]) AS i(run_id, ts_ms, level, message, metadata)
+            %(metadata)s::text[]) WITH ORDINALITY AS i(run_id, ts_ms, level, message, metadata, ord)
 JOIN task_runs r ON r.id = i.run_id
+ORDER BY i.ord
 """
 
 # -- A worker said hello: record (or take over) its row for this node and session. --

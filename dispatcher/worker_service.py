@@ -99,8 +99,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                 elif kind == "log_batch":
                     node.on_logs(session, msg.log_batch)
                 elif kind == "signal_ack":
-                    if node.signal_handler is not None:
-                        node.signal_handler.on_ack(session, msg.signal_ack.signal_id)
+                    node.signal_handler.on_ack(session, msg.signal_ack.signal_id)
                 elif kind == "shutdown":
                     node.on_shutdown(session)
                 elif kind == "hello":

@@ -1,5 +1,6 @@
 from django.urls import re_path
 
+from signals.views import SignalViewSet
 from tasks.api import views
 
 tasks = views.TaskViewSet
@@ -16,4 +17,7 @@ urlpatterns = [
     re_path(rf"^dead-letters/{ID}/?$", dead_letters.as_view({"get": "retrieve"}), name="dead-letter-detail"),
     re_path(rf"^dead-letters/{ID}/replay/?$", dead_letters.as_view({"post": "replay"}), name="dead-letter-replay"),
     re_path(r"^workers/?$", views.WorkerViewSet.as_view({"get": "list"}), name="worker-list"),
+    re_path(rf"^tasks/{ID}/signal/?$", SignalViewSet.as_view({"post": "send"}), name="task-signal"),
+    re_path(rf"^tasks/{ID}/signals/?$", SignalViewSet.as_view({"get": "for_task"}), name="task-signals"),
+    re_path(rf"^signals/{ID}/?$", SignalViewSet.as_view({"get": "retrieve"}), name="signal-detail"),
 ]

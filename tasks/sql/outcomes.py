@@ -17,6 +17,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
+from signals.sql import REDELIVER as REDELIVER_SIGNALS
 from tasks.sql.lifecycle import DEAD_LETTER_TASKS
 from tasks.states import TaskStatus, guarded_update
 
@@ -102,6 +103,10 @@ async def retry_runs(conn: Any, run_ids: Sequence[Any], worker_ids: Sequence[str
     sql = RETRY_LOST_RUNS if lost else RETRY_FAILED_RUNS
     cur = await conn.execute(sql, {**_params(run_ids, worker_ids, errors), **retry_params})
     rows = await cur.fetchall()
+    if not rows:
+        return []
+    # Signals the ended attempt had not acknowledged go to the next attempt.
+    await conn.execute(REDELIVER_SIGNALS, {"task_ids": [row[0] for row in rows]})
     exhausted = [task_id for task_id, done in rows if done]
     if exhausted:
         await conn.execute(DEAD_LETTER_TASKS, {"ids": exhausted})

@@ -1,0 +1,54 @@
+import uuid
+
+import pytest
+
+from signals.models import Signal
+from tests.api.test_tasks_api import assert_error
+from tests.factories import SignalFactory, TaskFactory
+
+pytestmark = pytest.mark.django_db
+
+
+@pytest.mark.parametrize("status", ["PENDING", "DISPATCHING", "RETRY", "RUNNING"])
+def test_signal_is_stored_pending_for_unfinished_tasks(client_api, status, settings):
+    settings.VALKA = {**settings.VALKA, "SIGNAL_DELIVERY_WAIT": 0}
+    task = TaskFactory(status=status)
+    r = client_api.post(f"/api/v1/tasks/{task.id}/signal", {"signal_type": "progress_request",
+                                                            "payload": {"a": [1]}}, format="json")
+    assert r.status_code == 201, r.content
+    body = r.json()
+    assert body["status"] == "PENDING" and body["delivered"] is False and body["task_id"] == str(task.id)
+    assert Signal.objects.get(id=body["id"]).payload == {"a": [1]}
+
+
+@pytest.mark.parametrize("status", ["COMPLETED", "FAILED", "DEAD_LETTER", "CANCELLED"])
+def test_final_states_refuse_and_store_nothing(client_api, status):
+    task = TaskFactory(status=status)
+    assert_error(client_api.post(f"/api/v1/tasks/{task.id}/signal", {"signal_type": "x"}, format="json"),
+                 409, "INVALID_STATE")
+    assert Signal.objects.count() == 0
+
+
+def test_bad_input_stores_nothing(client_api, settings):
+    settings.VALKA = {**settings.VALKA, "MAX_SIGNAL_PAYLOAD_BYTES": 100}
+    task = TaskFactory()
+    url = f"/api/v1/tasks/{task.id}/signal"
+    assert_error(client_api.post(url, {"payload": {}}, format="json"), 400, "VALIDATION_ERROR", "signal_type")
+    assert_error(client_api.post(url, {"signal_type": 3}, format="json"), 400, "VALIDATION_ERROR", "signal_type")
+    assert_error(client_api.post(url, data="{nope", content_type="application/json"), 400, "VALIDATION_ERROR")
+    assert_error(client_api.post(url, {"signal_type": "x", "payload": "y" * 200}, format="json"), 413,
+                 "PAYLOAD_TOO_LARGE", "payload")
+    assert_error(client_api.post(f"/api/v1/tasks/{uuid.uuid4()}/signal", {"signal_type": "x"}, format="json"),
+                 404, "NOT_FOUND")
+    assert Signal.objects.count() == 0
+
+
+def test_list_filter_and_get(client_api):
+    s1 = SignalFactory(status="ACKNOWLEDGED")
+    SignalFactory(task=s1.task, status="PENDING")
+    base = f"/api/v1/tasks/{s1.task_id}/signals"
+    assert client_api.get(base).json()["count"] == 2
+    assert [x["id"] for x in client_api.get(base, {"status": "acknowledged"}).json()["results"]] == [str(s1.id)]
+    assert_error(client_api.get(base, {"status": "NOPE"}), 400, "VALIDATION_ERROR", "status")
+    assert client_api.get(f"/api/v1/signals/{s1.id}").json()["signal_name"] == s1.signal_type
+    assert_error(client_api.get(f"/api/v1/signals/{uuid.uuid4()}"), 404, "NOT_FOUND")

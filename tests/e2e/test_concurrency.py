@@ -1,0 +1,90 @@
+"""Several dispatchers and workers on one database: every task runs, never twice at once."""
+
+from __future__ import annotations
+
+import signal
+import time
+
+from django.db import connection
+
+from tasks import services
+from tasks.models import Task, TaskRun
+from tests.e2e.conftest import wait_for
+from tests.e2e.test_dispatch import wait_status
+
+N = 2000
+
+
+def _enqueue_many(n: int, queue: str) -> None:
+    with connection.cursor() as cursor:
+        cursor.execute(
+            "INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count, timeout_seconds,"
+            " input, metadata, run_at, created_at, updated_at)"
+            " SELECT valka_uuid7(), 'echo', %s, 'PENDING', 0, 3, 0, 300, to_jsonb(g), '{}', now(), now(), now()"
+            " FROM generate_series(1, %s) g", [queue, n])
+        cursor.execute("SELECT pg_notify('valka_task_ready', %s)", [queue])
+
+
+def overlapping_runs() -> list:
+    with connection.cursor() as cursor:
+        cursor.execute("""
+            SELECT a.task_id FROM task_runs a JOIN task_runs b
+              ON a.task_id = b.task_id AND a.id < b.id
+             AND tstzrange(a.started_at, COALESCE(a.finished_at, 'infinity')) &&
+                 tstzrange(b.started_at, COALESCE(b.finished_at, 'infinity'))
+        """)
+        return cursor.fetchall()
+
+
+def test_two_dispatchers_many_workers_every_task_once(stack):
+    _, addr_a = stack.dispatcher()
+    _, addr_b = stack.dispatcher()
+    for i in range(2):
+        stack.worker(addr_a, name=f"a{i}", concurrency=8)
+        stack.worker(addr_b, name=f"b{i}", concurrency=8)
+    _enqueue_many(N, "default")
+    wait_for(lambda: Task.objects.filter(status="COMPLETED").count() == N, timeout=120,
+             what=f"{N} tasks completed")
+    assert TaskRun.objects.count() == N, "no task ran twice"
+    assert TaskRun.objects.filter(status="COMPLETED").count() == N
+    assert overlapping_runs() == []
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(DISTINCT worker_id) FROM task_runs")
+        assert cursor.fetchone()[0] == 4, "work is spread over every worker"
+    # Outputs are each task's own.
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM tasks WHERE output -> 'echo' <> input")
+        assert cursor.fetchone()[0] == 0
+
+
+def test_dispatcher_sigterm_drains_and_workers_move_on(stack):
+    proc_a, addr_a = stack.dispatcher(VALKA_DRAIN_SECONDS="10")
+    _, addr_b = stack.dispatcher()
+    stack.worker(addr_a, name="on-a", concurrency=2)
+    task = services.task_enqueue(task_name="sleep", queue="default", input={"seconds": 1.5})
+    wait_status(task.id, "RUNNING")
+    proc_a.send_signal(signal.SIGTERM)
+    # The running task finishes during the drain; the dispatcher then exits cleanly.
+    assert wait_status(task.id, "COMPLETED").attempt_count == 1
+    assert proc_a.wait(20) == 0
+    # The worker reconnects, here to the other dispatcher at the same address is gone: start one
+    # worker on B and check B serves new work.
+    stack.worker(addr_b, name="on-b")
+    nxt = services.task_enqueue(task_name="echo", queue="default")
+    wait_status(nxt.id, "COMPLETED")
+
+
+def test_heartbeats_keep_a_long_task_alive_past_its_timeout(stack):
+    from tests.e2e.test_dispatch import _has_scheduler
+
+    if not _has_scheduler():
+        import pytest
+
+        pytest.skip("the lease reaper (scheduler) is not available yet")
+    _, addr = stack.dispatcher(VALKA_LEASE_EXTENSION="2")
+    stack.scheduler(VALKA_REAPER_INTERVAL="0.3", VALKA_SCHEDULER_MAX_SLEEP="0.3")
+    stack.worker(addr, heartbeat=0.5)
+    task = services.task_enqueue(task_name="sleep", queue="default", input={"seconds": 4}, timeout_seconds=1)
+    t = wait_status(task.id, "COMPLETED", timeout=30)
+    assert t.attempt_count == 1 and TaskRun.objects.filter(task_id=task.id).count() == 1
+    time.sleep(0)
