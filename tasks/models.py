@@ -56,6 +56,8 @@ class Task(models.Model):
     class Meta:
         db_table = "tasks"
         ordering = ["-id"]
+        # Checked by the admin's actions, on top of view permission (see tasks/admin.py).
+        permissions = [("cancel_task", "Can cancel tasks"), ("replay_task", "Can replay finished tasks")]
         constraints = [
             models.CheckConstraint(condition=Q(status__in=[s.value for s in TaskStatus]), name="tasks_status_valid"),
             models.CheckConstraint(condition=Q(max_retries__gte=0), name="tasks_max_retries_nonneg"),
@@ -181,6 +183,7 @@ class DeadLetter(models.Model):
     class Meta:
         db_table = "dead_letter_queue"
         ordering = ["-created_at"]
+        permissions = [("replay_deadletter", "Can replay dead letters")]
         indexes = [
             models.Index(fields=["queue", "-created_at"], name="dlq_queue_idx"),
             models.Index(fields=["created_at"], name="dlq_created_idx"),
