@@ -63,14 +63,17 @@ def db_now() -> datetime:
 
 
 class Listener:
-    """A separate connection LISTENing on a channel; `drain()` returns the payloads received."""
+    """A separate connection LISTENing on a channel; `drain()` returns the payloads it received."""
 
     def __init__(self, channel: str) -> None:
         self.conn = psycopg.connect(database_url(), autocommit=True)
         self.conn.execute(f"LISTEN {channel}")
 
-    def drain(self, timeout: float = 1.0) -> list[str]:
-        return [n.payload for n in self.conn.notifies(timeout=timeout)]
+    def drain(self, expect: int, timeout: float = 2.0) -> list[str]:
+        """The payloads received: `expect` of them (waiting up to `timeout`), plus any
+        that arrive within a short grace period after, so extra ones are seen too."""
+        got = [n.payload for n in self.conn.notifies(timeout=timeout, stop_after=expect)] if expect else []
+        return got + [n.payload for n in self.conn.notifies(timeout=0.2)]
 
     def close(self) -> None:
         self.conn.close()

@@ -160,7 +160,7 @@ def test_stuck_dispatching_goes_back_to_pending_without_counting_an_attempt(list
     task = Task.objects.get(id=stuck.id)
     assert task.status == "PENDING" and task.attempt_count == 1 and task.claimed_by is None
     assert Task.objects.get(id=recent.id).status == "DISPATCHING"
-    assert listener.drain() == ["lost-and-found"]
+    assert listener.drain(1) == ["lost-and-found"]
     # The dead node's late "sent" finds nothing to start.
 
     async def late_start() -> int:

@@ -31,7 +31,7 @@ def test_due_retries_become_pending_with_one_notify_per_queue(listen):
     assert [status(t) for t in (a1, a2, b1, later)] == ["PENDING", "PENDING", "PENDING", "RETRY"]
     moved = Task.objects.get(id=a1.id)
     assert moved.attempt_count == 1 and moved.claimed_by is None and moved.finished_at is None
-    assert sorted(listener.drain()) == ["alpha", "beta"]
+    assert sorted(listener.drain(2)) == ["alpha", "beta"]
 
 
 def test_explicit_now_moves_time_without_sleeping():
