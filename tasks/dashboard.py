@@ -1,0 +1,267 @@
+"""Reads behind the admin's overview, its list filters and `/metrics`.
+
+The tasks table holds millions of finished rows, so nothing here counts it
+whole. Each query walks an index for a bounded number of entries:
+
+- distinct values (queues, task names) are a "loose index scan": a recursive
+  query that jumps from one value to the next, one index probe per value;
+- counts by queue × status probe `tasks_queue_status_idx` once per pair that
+  exists and count at most `COUNT_CAP` entries of each (shown as "100,000+");
+- queue lag reads the head of each (queue, priority) group of the claim index
+  `tasks_dispatch_idx`, whose next column is `run_at`;
+- throughput comes from `task_counters`, kept by a statement trigger on tasks
+  (migration 0005), small because old minutes are folded into one total row.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta
+from functools import cached_property
+from typing import Any
+
+from django.core.paginator import Paginator
+from django.db import connection
+from django.utils import timezone
+
+from tasks.states import TaskStatus
+
+COUNT_CAP = 100_000
+CHART_KINDS = ("completed", "failed", "dead_lettered")
+COUNTER_KINDS = ("created", "completed", "failed", "retried", "dead_lettered", "cancelled")
+
+# -- Distinct values of an indexed column, one index probe each (table, column are constants). --
+LOOSE_DISTINCT = """
+WITH RECURSIVE v(value) AS (
+    (SELECT {column} FROM {table} ORDER BY {column} LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.{column} FROM {table} t WHERE t.{column} > v.value ORDER BY t.{column} LIMIT 1)
+    FROM v WHERE v.value IS NOT NULL
+)
+SELECT value FROM v WHERE value IS NOT NULL LIMIT %(limit)s
+"""
+
+# -- Tasks by queue × status: each (queue, status) pair found by a probe, then a capped count. --
+STATUS_COUNTS = """
+WITH RECURSIVE pairs(queue, status) AS (
+    (SELECT queue, status FROM tasks ORDER BY queue, status LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.status FROM pairs p CROSS JOIN LATERAL (
+        SELECT t.queue, t.status FROM tasks t
+        WHERE (t.queue, t.status) > (p.queue, p.status)
+        ORDER BY t.queue, t.status LIMIT 1
+    ) n
+)
+SELECT p.queue, p.status,
+       (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.queue = p.queue AND t.status = p.status
+                              LIMIT %(cap)s) capped) AS n
+FROM pairs p
+WHERE %(statuses)s::text[] IS NULL OR p.status = ANY(%(statuses)s::text[])
+LIMIT %(limit)s
+"""
+
+# -- Oldest due PENDING task per queue. The head of each (queue, priority) group of
+# tasks_dispatch_idx is that group's earliest run_at; the earliest head that is due
+# is the queue's oldest due task. One probe per (queue, priority) pair.
+QUEUE_LAG = """
+WITH RECURSIVE heads(queue, priority, run_at) AS (
+    (SELECT queue, priority, run_at FROM tasks WHERE status = 'PENDING'
+     ORDER BY queue, priority DESC, run_at, id LIMIT 1)
+    UNION ALL
+    SELECT n.queue, n.priority, n.run_at FROM heads h CROSS JOIN LATERAL (
+        (SELECT t.queue, t.priority, t.run_at FROM tasks t
+         WHERE t.status = 'PENDING' AND t.queue = h.queue AND t.priority < h.priority
+         ORDER BY t.priority DESC, t.run_at, t.id LIMIT 1)
+        UNION ALL
+        (SELECT t.queue, t.priority, t.run_at FROM tasks t
+         WHERE t.status = 'PENDING' AND t.queue > h.queue
+         ORDER BY t.queue, t.priority DESC, t.run_at, t.id LIMIT 1)
+        LIMIT 1
+    ) n
+)
+SELECT queue,
+       EXTRACT(EPOCH FROM COALESCE(%(now)s::timestamptz, now())
+                          - min(run_at) FILTER (WHERE run_at <= COALESCE(%(now)s::timestamptz, now())))
+FROM heads GROUP BY queue
+"""
+
+# -- Connected workers with their RUNNING runs (partial index task_runs_worker_idx). --
+CONNECTED_WORKERS = """
+SELECT w.id, w.name, w.queues, w.concurrency, w.node_id, w.connected_at, w.last_heartbeat_at,
+       (SELECT count(*) FROM task_runs r WHERE r.worker_id = w.id AND r.status = 'RUNNING') AS in_flight
+FROM workers w
+WHERE w.status = 'CONNECTED'
+ORDER BY w.name, w.id
+LIMIT %(limit)s
+"""
+
+# -- Fold counter minutes older than two hours into their per-(queue, kind) total row. --
+FOLD_COUNTERS = "SELECT valka_task_counters_fold()"
+
+# -- Per-minute throughput of the last hour, all queues, from the counter table's primary key. --
+THROUGHPUT = """
+SELECT minute, kind, sum(n)::bigint FROM task_counters
+WHERE minute > date_trunc('minute', COALESCE(%(now)s::timestamptz, now())) - make_interval(mins => %(minutes)s)
+  AND kind = ANY(%(kinds)s)
+GROUP BY minute, kind
+"""
+
+# -- Totals since the counters began, by queue and kind. --
+COUNTER_TOTALS = "SELECT queue, kind, sum(n)::bigint FROM task_counters GROUP BY queue, kind"
+
+# -- The planner's row estimate of a table, from the last VACUUM/ANALYZE (-1: never analyzed). --
+RELTUPLES = "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%(table)s)"
+
+
+def _rows(sql: str, params: dict[str, Any] | None = None) -> list[tuple]:
+    with connection.cursor() as cursor:
+        cursor.execute(sql, params or {})
+        return cursor.fetchall()
+
+
+def distinct_values(*, table: str, column: str, limit: int = 200) -> list[str]:
+    """Distinct values of an indexed column; `table` and `column` must be code constants."""
+    return [row[0] for row in _rows(LOOSE_DISTINCT.format(table=table, column=column), {"limit": limit})]
+
+
+def queue_names(*, limit: int = 200) -> list[str]:
+    return distinct_values(table="tasks", column="queue", limit=limit)
+
+
+def status_counts(*, cap: int | None = COUNT_CAP, statuses: list[str] | None = None,
+                  limit: int = 2000) -> dict[str, dict[str, int]]:
+    """{queue: {status: count}}; a count equal to `cap` means "at least cap".
+
+    Each count is a range scan of `tasks_queue_status_idx` for one (queue, status),
+    so with `cap=None` its cost follows that count, not the table: exact counts of
+    the active statuses stay cheap however many tasks have finished.
+    """
+    counts: dict[str, dict[str, int]] = {}
+    params = {"cap": cap, "limit": limit, "statuses": statuses}
+    for queue, status, n in _rows(STATUS_COUNTS, params):
+        counts.setdefault(queue, {})[status] = n
+    return counts
+
+
+def queue_lag(*, now: datetime | None = None) -> dict[str, float | None]:
+    """{queue: seconds the oldest due PENDING task has waited}, None when nothing is due."""
+    return {queue: (float(lag) if lag is not None else None) for queue, lag in _rows(QUEUE_LAG, {"now": now})}
+
+
+def connected_workers(*, limit: int = 500) -> list[dict[str, Any]]:
+    """Connected workers with `in_flight` (RUNNING runs) and `free` (concurrency minus those)."""
+    columns = ["id", "name", "queues", "concurrency", "node_id", "connected_at", "last_heartbeat_at", "in_flight"]
+    workers = [dict(zip(columns, row, strict=True)) for row in _rows(CONNECTED_WORKERS, {"limit": limit})]
+    for worker in workers:
+        worker["free"] = max(worker["concurrency"] - worker["in_flight"], 0)
+    return workers
+
+
+def counters_fold() -> None:
+    """Fold old counter minutes; a concurrent fold makes this one a no-op (advisory lock)."""
+    _rows(FOLD_COUNTERS)
+
+
+def throughput(*, now: datetime | None = None, minutes: int = 60,
+               kinds: tuple[str, ...] = CHART_KINDS) -> list[tuple[datetime, dict[str, int]]]:
+    """Counts per minute of the last `minutes`, oldest first, with a zero for every quiet minute."""
+    seen: dict[datetime, dict[str, int]] = {}
+    for minute, kind, n in _rows(THROUGHPUT, {"now": now, "minutes": minutes, "kinds": list(kinds)}):
+        seen.setdefault(minute, {})[kind] = n
+    end = (now or timezone.now()).replace(second=0, microsecond=0)
+    slots = [end - timedelta(minutes=i) for i in range(minutes - 1, -1, -1)]
+    return [(slot, {kind: seen.get(slot, {}).get(kind, 0) for kind in kinds}) for slot in slots]
+
+
+def counter_totals() -> dict[tuple[str, str], int]:
+    return {(queue, kind): n for queue, kind, n in _rows(COUNTER_TOTALS)}
+
+
+def table_estimate(table: str) -> int:
+    rows = _rows(RELTUPLES, {"table": table})
+    return int(rows[0][0]) if rows and rows[0][0] is not None else -1
+
+
+def chart(series: list[tuple[datetime, dict[str, int]]], *, width: int = 720, height: int = 140) -> dict[str, Any]:
+    """Geometry of a stacked bar chart (one bar per minute) for the overview's inline SVG."""
+    top = max([sum(counts.values()) for _, counts in series] + [1])
+    slot = width / max(len(series), 1)
+    bars = []
+    for i, (minute, counts) in enumerate(series):
+        y = float(height)
+        segments = []
+        for kind, n in counts.items():
+            h = height * n / top
+            y -= h
+            segments.append({"kind": kind, "n": n, "y": round(y, 2), "h": round(h, 2)})
+        label = ", ".join(f"{n} {kind.replace('_', ' ')}" for kind, n in counts.items())
+        bars.append({"x": round(i * slot + 1, 2), "w": round(max(slot - 2, 1), 2), "segments": segments,
+                     "title": f"{minute:%H:%M} UTC: {label}"})
+    totals = {kind: sum(counts.get(kind, 0) for _, counts in series) for kind in CHART_KINDS}
+    return {"width": width, "height": height, "top": top, "bars": bars, "totals": totals}
+
+
+def age(seconds: float | None) -> str:
+    """A short human duration: 850 ms, 12 s, 4 min, 3.5 h, 2.0 d."""
+    if seconds is None:
+        return "—"
+    if seconds < 1:
+        return f"{seconds * 1000:.0f} ms"
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 36 * 3600:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} d"
+
+
+def overview(*, now: datetime | None = None) -> dict[str, Any]:
+    """Everything the overview page shows, in a handful of bounded queries."""
+    counts = status_counts()
+    lag = queue_lag(now=now)
+    counters_fold()
+    workers = connected_workers()
+    statuses = [s.value for s in TaskStatus]
+    rows = []
+    for queue in sorted(set(counts) | set(lag)):
+        cells = [{"status": s, "n": counts.get(queue, {}).get(s, 0)} for s in statuses]
+        for cell in cells:
+            cell["capped"] = cell["n"] >= COUNT_CAP
+        rows.append({"queue": queue, "cells": cells, "lag": age(lag.get(queue)), "lagging": bool(lag.get(queue))})
+    return {
+        "statuses": statuses,
+        "rows": rows,
+        "workers": workers,
+        "slots": {"total": sum(w["concurrency"] for w in workers), "free": sum(w["free"] for w in workers)},
+        "chart": chart(throughput(now=now)),
+        "cap": COUNT_CAP,
+    }
+
+
+class EstimatedCountPaginator(Paginator):
+    """A paginator that never counts a million rows to draw a page.
+
+    Unfiltered, it takes PostgreSQL's estimate (pg_class.reltuples) once the table
+    is large. Filtered, it counts at most `cap` + 1 rows; above that it asks the
+    planner how many rows it expects. Small results are always exact.
+    """
+
+    cap = 10_000
+
+    @cached_property
+    def count(self) -> int:
+        qs = self.object_list
+        if not qs.query.where:
+            estimate = table_estimate(qs.model._meta.db_table)
+            if estimate > self.cap:
+                return estimate
+        bounded = qs.order_by()[: self.cap + 1].count()
+        if bounded <= self.cap:
+            return bounded
+        return max(self.cap + 1, _planner_rows(qs))
+
+
+def _planner_rows(qs: Any) -> int:
+    plan = json.loads(qs.order_by().explain(format="json"))
+    return int(plan[0]["Plan"]["Plan Rows"])
