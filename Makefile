@@ -23,6 +23,7 @@ run: install
 	$(PY) -m valka.devstack
 
 test: install
+	scripts/ensure-chromium
 	$(PY) -m valka.devdb exec --temp -- $(PY) -m pytest $(PYTEST_ARGS)
 
 lint: install
