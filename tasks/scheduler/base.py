@@ -19,6 +19,8 @@ from datetime import datetime
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from tasks.retry import RetryPolicy
+
 log = logging.getLogger("valka.scheduler")
 
 MIN_SLEEP = 0.05  # never spin, even when something is overdue but locked by someone else
@@ -36,11 +38,10 @@ class SchedulerConfig:
     retention_interval: float = 600.0
     retention_days: float = 7.0
     dead_letter_retention_days: float = 30.0
-    retry_params: dict[str, float] = field(default_factory=dict)
+    retry_params: dict[str, float] = field(default_factory=lambda: RetryPolicy().sql_params())
 
     @classmethod
     def from_settings(cls) -> SchedulerConfig:
-        from tasks.retry import RetryPolicy
         from valka.conf import valka_settings as s
 
         return cls(

@@ -16,6 +16,8 @@ from __future__ import annotations
 
 from datetime import datetime
 
+from psycopg_pool import AsyncConnectionPool
+
 from tasks.scheduler.base import DB, Loop, SchedulerConfig, connection
 from tasks.sql import maintenance
 
@@ -27,7 +29,7 @@ LOOKBACK_SECONDS = 60.0
 class DelayedPromoter(Loop):
     name = "delayed promoter"
 
-    def __init__(self, config: SchedulerConfig | None = None, pool=None) -> None:
+    def __init__(self, config: SchedulerConfig | None = None, pool: AsyncConnectionPool | None = None) -> None:
         super().__init__(config, pool)
         self.watermark: datetime | None = None
 
