@@ -2,15 +2,22 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import grpc
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
+from django.db.models import Max
 
 from dispatcher import convert
 from dispatcher.errors import grpc_message, grpc_status
+from dispatcher.flusher import valid_uuid
 from signals.services import signal_send
 from tasks import selectors, services
 from tasks.errors import ValidationError, ValkaError
+from tasks.live import OVERFLOW, Fanout, decode_events
+from tasks.models import TaskLog, TaskRun
+from tasks.notify import TASK_EVENT, TASK_LOG
 from valka.v1 import api_pb2, api_pb2_grpc
 
 DEFAULT_PAGE, MAX_PAGE = 50, 1000
@@ -75,7 +82,23 @@ def list_tasks(request: api_pb2.ListTasksRequest):
     return tasks[:size], str(offset + size) if more else ""
 
 
+def _log_page(run_id: str, after: int) -> list[TaskLog]:
+    return list(TaskLog.objects.filter(run_id=run_id, id__gt=after).order_by("id")[:500])
+
+
+def _last_log_id(run_id: str) -> int:
+    return TaskLog.objects.filter(run_id=run_id).aggregate(last=Max("id"))["last"] or 0
+
+
+def _run_state(run_id: str) -> tuple[bool, bool]:
+    """(exists, still running)."""
+    status = TaskRun.objects.filter(id=run_id).values_list("status", flat=True).first()
+    return status is not None, status == "RUNNING"
+
+
 class ApiService(api_pb2_grpc.ApiServiceServicer):
+    def __init__(self, fanout: Fanout | None = None) -> None:
+        self.fanout = fanout or Fanout()
     async def CreateTask(self, request, context):  # noqa: N802
         task = await _call(context, create_task, request)
         return api_pb2.CreateTaskResponse(task=convert.task_meta(task))
@@ -91,6 +114,50 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
     async def CancelTask(self, request, context):  # noqa: N802
         task = await _call(context, services.task_cancel, task_id=request.task_id)
         return api_pb2.CancelTaskResponse(task=convert.task_meta(task))
+
+    async def SubscribeEvents(self, request, context):  # noqa: N802
+        """Every task status change from now on (of `queue_name` if given), until the client leaves."""
+        inbox = self.fanout.subscribe(TASK_EVENT)
+        await context.send_initial_metadata((("x-valka-subscribed", "events"),))
+        try:
+            while True:
+                payload = await inbox.get()
+                if payload == OVERFLOW:
+                    continue
+                for event in decode_events(payload):
+                    if request.queue_name and event.get("queue_name") != request.queue_name:
+                        continue
+                    yield convert.task_event(event)
+        finally:
+            self.fanout.unsubscribe(TASK_EVENT, inbox)
+
+    async def SubscribeLogs(self, request, context):  # noqa: N802
+        """A run's log lines (the earlier ones too with include_history), live until the run ends."""
+        if not valid_uuid(request.task_run_id):
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id!r} not found")
+        exists, running = await _db(_run_state)(request.task_run_id)
+        if not exists:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id} not found")
+        inbox = self.fanout.subscribe(TASK_LOG)
+        try:
+            after = 0 if request.include_history else await _db(_last_log_id)(request.task_run_id)
+            while True:
+                for line in await _db(_log_page)(request.task_run_id, after):
+                    after = line.id
+                    yield convert.log_entry(line)
+                if not running:
+                    for line in await _db(_log_page)(request.task_run_id, after):
+                        after = line.id
+                        yield convert.log_entry(line)
+                    return
+                try:
+                    while await asyncio.wait_for(inbox.get(), 5.0) not in (request.task_run_id, OVERFLOW):
+                        pass
+                except TimeoutError:
+                    pass
+                _, running = await _db(_run_state)(request.task_run_id)
+        finally:
+            self.fanout.unsubscribe(TASK_LOG, inbox)
 
     async def SendSignal(self, request, context):  # noqa: N802
         signal, delivered = await _call(context, send_signal, request)

@@ -20,13 +20,14 @@ from dispatcher import sql
 from dispatcher.claimer import Claimer
 from dispatcher.db import conninfo, make_pool
 from dispatcher.flusher import Flusher, LogLine, Result, valid_uuid
-from dispatcher.listener import Listener
 from dispatcher.session import WorkerSession
 from dispatcher.signals import SignalRelay
-from tasks.notify import SIGNAL_SENT, TASK_CANCELLED, TASK_READY
+from tasks.live import Fanout
+from tasks.notify import SIGNAL_SENT, TASK_CANCELLED, TASK_EVENT, TASK_LOG, TASK_READY
 from tasks.retry import RetryPolicy
 from tasks.sql import outcomes
 from valka.conf import valka_settings
+from valka.listen import Listener
 from valka.v1 import common_pb2
 from valka.v1 import worker_pb2 as pb
 
@@ -80,10 +81,12 @@ class DispatcherNode:
         self.pool = make_pool(f"valka-dispatcher {self.settings.node_id}", min_size=2, max_size=6)
         self.sessions: dict[str, WorkerSession] = {}  # by worker id
         self.claimer = Claimer(self)
+        self.fanout = Fanout()  # task events and log wake-ups for ApiService subscribers
         self.flusher = Flusher(self)
         self.listener = Listener(
             conninfo(application_name=f"valka-dispatcher-listen {self.settings.node_id}"),
-            {TASK_READY: self.claimer.wake, TASK_CANCELLED: self._on_cancel_notify, SIGNAL_SENT: self._on_signal},
+            {TASK_READY: self.claimer.wake, TASK_CANCELLED: self._on_cancel_notify, SIGNAL_SENT: self._on_signal,
+             TASK_EVENT: self.fanout.publisher(TASK_EVENT), TASK_LOG: self.fanout.publisher(TASK_LOG)},
             on_reconnect=lambda: self.claimer.wake(None),
         )
         self.stopping = False

@@ -38,7 +38,7 @@ class Dispatcher:
         self.node = node or DispatcherNode()
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerService(self.node), self.server)
-        api_pb2_grpc.add_ApiServiceServicer_to_server(ApiService(), self.server)
+        api_pb2_grpc.add_ApiServiceServicer_to_server(ApiService(self.node.fanout), self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)
         names = (

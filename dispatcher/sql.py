@@ -4,7 +4,7 @@ Each runs once per batch, never once per message. Status changes are built by
 `tasks.states.guarded_update`.
 """
 
-from tasks.notify import TASK_READY
+from tasks.notify import TASK_LOG, TASK_READY
 from tasks.states import TaskStatus, guarded_update
 
 # -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --
@@ -69,14 +69,19 @@ UPDATE workers SET last_heartbeat_at = now()
 WHERE id = ANY(%(worker_ids)s) AND node_id = %(node_id)s AND status = 'CONNECTED'
 """
 
-# -- Log lines, one INSERT per batch, ids in the order sent; lines of unknown runs are dropped. --
-INSERT_LOGS = """
-INSERT INTO task_logs (run_id, task_id, timestamp, level, message, metadata)
-SELECT i.run_id, r.task_id, to_timestamp(i.ts_ms / 1000.0), i.level, i.message, i.metadata::jsonb
-FROM unnest(%(run_ids)s::uuid[], %(ts_ms)s::bigint[], %(levels)s::text[], %(messages)s::text[],
-            %(metadata)s::text[]) WITH ORDINALITY AS i(run_id, ts_ms, level, message, metadata, ord)
-JOIN task_runs r ON r.id = i.run_id
-ORDER BY i.ord
+# -- Log lines, one INSERT per batch, ids in the order sent; lines of unknown runs are dropped.
+# One NOTIFY per run of the batch wakes live tails (SubscribeLogs, the admin). --
+INSERT_LOGS = f"""
+WITH ins AS (
+    INSERT INTO task_logs (run_id, task_id, timestamp, level, message, metadata)
+    SELECT i.run_id, r.task_id, to_timestamp(i.ts_ms / 1000.0), i.level, i.message, i.metadata::jsonb
+    FROM unnest(%(run_ids)s::uuid[], %(ts_ms)s::bigint[], %(levels)s::text[], %(messages)s::text[],
+                %(metadata)s::text[]) WITH ORDINALITY AS i(run_id, ts_ms, level, message, metadata, ord)
+    JOIN task_runs r ON r.id = i.run_id
+    ORDER BY i.ord
+    RETURNING run_id
+)
+SELECT count(pg_notify('{TASK_LOG}', run_id::text)) FROM (SELECT DISTINCT run_id FROM ins) runs
 """
 
 # -- A worker said hello: record (or take over) its row for this node and session. --

@@ -10,3 +10,5 @@ TASK_CANCELLED = "valka_task_cancelled"
 SIGNAL_SENT = "valka_signal_sent"
 # Payload: JSON of a TaskEvent. Sent for every status change (by a trigger).
 TASK_EVENT = "valka_task_event"
+# Payload: run id. Sent when log lines of a run are stored (once per run per batch).
+TASK_LOG = "valka_task_log"

@@ -1,7 +1,7 @@
 from django.urls import re_path
 
 from signals.views import SignalViewSet
-from tasks.api import views
+from tasks.api import stream, views
 
 tasks = views.TaskViewSet
 dead_letters = views.DeadLetterViewSet
@@ -16,6 +16,8 @@ urlpatterns = [
     re_path(r"^dead-letters/?$", dead_letters.as_view({"get": "list"}), name="dead-letter-list"),
     re_path(rf"^dead-letters/{ID}/?$", dead_letters.as_view({"get": "retrieve"}), name="dead-letter-detail"),
     re_path(rf"^dead-letters/{ID}/replay/?$", dead_letters.as_view({"post": "replay"}), name="dead-letter-replay"),
+    re_path(rf"^tasks/{ID}/runs/(?P<run_id>[^/]+)/logs/stream/?$", stream.logs, name="task-run-log-stream"),
+    re_path(r"^events/?$", stream.events, name="events"),
     re_path(r"^workers/?$", views.WorkerViewSet.as_view({"get": "list"}), name="worker-list"),
     re_path(rf"^tasks/{ID}/signal/?$", SignalViewSet.as_view({"post": "send"}), name="task-signal"),
     re_path(rf"^tasks/{ID}/signals/?$", SignalViewSet.as_view({"get": "for_task"}), name="task-signals"),

@@ -11,27 +11,31 @@ EVENTS = r"""
 CREATE FUNCTION valka_announce_events(events jsonb[]) RETURNS void AS $$
 DECLARE
     chunk text := '';
-    item text;
+    item jsonb;
 BEGIN
-    FOREACH item IN ARRAY (SELECT array_agg(e::text) FROM unnest(events) e) LOOP
-        IF length(chunk) + length(item) > 7000 AND chunk <> '' THEN
+    IF COALESCE(cardinality(events), 0) = 0 THEN
+        RETURN;
+    END IF;
+    FOREACH item IN ARRAY events LOOP
+        IF length(chunk) + length(item::text) > 7000 AND chunk <> '' THEN
             PERFORM pg_notify('valka_task_event', '[' || chunk || ']');
             chunk := '';
         END IF;
-        chunk := CASE WHEN chunk = '' THEN item ELSE chunk || ',' || item END;
+        chunk := CASE WHEN chunk = '' THEN item::text ELSE chunk || ',' || item::text END;
     END LOOP;
     IF chunk <> '' THEN
         PERFORM pg_notify('valka_task_event', '[' || chunk || ']');
     END IF;
 END $$ LANGUAGE plpgsql;
 
-CREATE FUNCTION valka_task_event_row(id uuid, queue text, previous text, status text, attempt integer,
-                                     node text, error text) RETURNS jsonb AS $$
+-- Arguments: task id, queue, previous status, new status, attempt, node, error. The worker is
+-- the one of the task's current attempt (its run row, written by the same statement).
+CREATE FUNCTION valka_task_event_row(uuid, text, text, text, integer, text, text) RETURNS jsonb AS $$
     SELECT jsonb_build_object(
-        'event_id', valka_uuid7(), 'task_id', id, 'queue_name', queue, 'previous_status', previous,
-        'new_status', status, 'worker_id', COALESCE((SELECT worker_id FROM task_runs r
-                                                     WHERE r.task_id = id AND r.attempt_number = attempt), ''),
-        'node_id', COALESCE(node, ''), 'attempt_number', attempt, 'error_message', left(COALESCE(error, ''), 500),
+        'event_id', valka_uuid7(), 'task_id', $1, 'queue_name', $2, 'previous_status', $3,
+        'new_status', $4, 'worker_id', COALESCE((SELECT r.worker_id FROM task_runs r
+                                                 WHERE r.task_id = $1 AND r.attempt_number = $5), ''),
+        'node_id', COALESCE($6, ''), 'attempt_number', $5, 'error_message', left(COALESCE($7, ''), 500),
         'timestamp_ms', (extract(epoch FROM clock_timestamp()) * 1000)::bigint)
 $$ LANGUAGE sql VOLATILE;
 

@@ -9,10 +9,14 @@ from tasks.notify import TASK_CANCELLED
 from tasks.states import FINAL_STATES, TaskStatus, guarded_update
 
 # -- Cancel one task (PENDING, DISPATCHING or RUNNING) and close its live run. --
+# The live run is locked before the task, the same order as the statements that close runs
+# (tasks.sql.outcomes), so a cancel racing a result waits instead of deadlocking.
 # The NOTIFY tells the dispatcher holding a RUNNING task to stop its worker.
 CANCEL_TASK = f"""
-WITH moved AS (
-    {guarded_update(TaskStatus.CANCELLED, where="id = %(id)s",
+WITH live_run AS (
+    SELECT id FROM task_runs WHERE task_id = %(id)s AND status = 'RUNNING' FOR UPDATE
+), moved AS (
+    {guarded_update(TaskStatus.CANCELLED, where="id = %(id)s AND (SELECT count(*) FROM live_run) >= 0",
                     set="error_message = COALESCE(%(reason)s, error_message)",
                     returning="*")}
 ), runs AS (

@@ -68,6 +68,15 @@ class Stack:
         assert proc.poll() is None, (self.tmp / f"dispatcher-{port}.log").read_text()
         return proc, addr
 
+    def web(self, **env: str) -> str:
+        port = free_port()
+        proc = self._spawn([sys.executable, "-m", "uvicorn", "valka.asgi:application", "--host", "127.0.0.1",
+                            "--port", str(port), "--no-access-log"], f"web-{port}",
+                           {**self.env, "VALKA_API_ANONYMOUS": "true", **env})
+        wait_for(lambda: _listening(port) or proc.poll() is not None, 30, what="web app")
+        assert proc.poll() is None, (self.tmp / f"web-{port}.log").read_text()
+        return f"http://127.0.0.1:{port}"
+
     def scheduler(self, **env: str) -> subprocess.Popen:
         return self._spawn([sys.executable, "manage.py", "run_scheduler"], f"scheduler-{len(self.procs)}",
                            {**self.env, **env})

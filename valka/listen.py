@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 import psycopg
 
-log = logging.getLogger("valka.dispatcher")
+log = logging.getLogger("valka.listen")
 
 
 class Listener:
@@ -33,7 +33,7 @@ class Listener:
                         await conn.execute(f"LISTEN {channel}")
                     self.connected.set()
                     if not first:
-                        log.info("dispatcher: LISTEN connection restored")
+                        log.info("LISTEN connection restored")
                     self.on_reconnect()
                     first, backoff = False, 0.2
                     gen = conn.notifies()
@@ -53,7 +53,7 @@ class Listener:
                         stopper.cancel()
             except (psycopg.Error, OSError, StopAsyncIteration) as exc:
                 self.connected.clear()
-                log.warning("dispatcher: LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
                 try:
                     await asyncio.wait_for(stop.wait(), backoff)
                 except TimeoutError:
