@@ -50,6 +50,16 @@ def test_overview_needs_task_view_permission(staff_client):
     assert r.status_code == 200 and "overview" not in r.context
 
 
+def test_overview_shows_an_estimate_for_a_capped_count(monkeypatch):
+    TaskFactory.create_batch(3, queue="busy")
+    monkeypatch.setattr(dashboard, "COUNT_CAP", 2)
+    (row,) = dashboard.overview()["rows"]
+    pending = next(c for c in row["cells"] if c["status"] == "PENDING")
+    assert pending["n"] == 2 and pending["label"].startswith("≈")
+    assert dashboard.compact(950) == "950" and dashboard.compact(9_800) == "9.8k"
+    assert dashboard.compact(198_000) == "198k" and dashboard.compact(1_200_000) == "1.2M"
+
+
 def test_queue_lag_reads_the_oldest_due_task_across_priorities():
     now = timezone.now()
     TaskFactory(queue="a", priority=5, run_at=now - timedelta(seconds=60))
