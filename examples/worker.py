@@ -1,6 +1,6 @@
 """An example worker: `python examples/worker.py` (make run starts one).
 
-Handles tasks on the `default`, `emails` and `reports` queues.
+Handles tasks on the `default`, `emails`, `reports` and `billing` queues.
 """
 
 import asyncio
@@ -14,7 +14,7 @@ logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name
 
 worker = Worker(
     os.environ.get("VALKA_WORKER_SERVER", "127.0.0.1:50051"),
-    queues=os.environ.get("VALKA_WORKER_QUEUES", "default,emails,reports").split(","),
+    queues=os.environ.get("VALKA_WORKER_QUEUES", "default,emails,reports,billing").split(","),
     concurrency=int(os.environ.get("VALKA_WORKER_CONCURRENCY", "8")),
     name="example-worker",
     token=os.environ.get("VALKA_WORKER_TOKEN") or None,

@@ -35,6 +35,8 @@ def _processes(py: str) -> dict[str, list[str]]:
         procs["scheduler"] = [py, "manage.py", "run_scheduler"]
     if (root / "examples" / "worker.py").exists():
         procs["worker"] = [py, "examples/worker.py"]
+    if (root / "examples" / "progress_worker.py").exists():
+        procs["progress-worker"] = [py, "examples/progress_worker.py"]
     return procs
 
 
