@@ -8,7 +8,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
 
-.PHONY: install run test lint proto clean-db
+.PHONY: install run test chaos lint proto clean-db
 
 $(STAMP): pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 13) else "Valka needs Python 3.13 or newer: found " + sys.version.split()[0])'
@@ -25,6 +25,10 @@ run: install
 test: install
 	scripts/ensure-chromium
 	$(PY) -m valka.devdb exec --temp -- $(PY) -m pytest $(PYTEST_ARGS)
+
+# The long chaos run: 10,000 tasks while processes are killed and PostgreSQL restarts.
+chaos: install
+	$(PY) -m tests.chaos.harness --tasks $${CHAOS_TASKS:-10000} --seconds $${CHAOS_SECONDS:-420}
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -77,7 +77,11 @@ class Worker:
     ) -> None:
         if not queues:
             raise ValueError("a worker needs at least one queue")
-        self.server = server
+        # Several dispatchers ("host:port,host:port"): a broken stream moves on to the next one.
+        self.servers = [s.strip() for s in server.split(",") if s.strip()]
+        if not self.servers:
+            raise ValueError("a worker needs a dispatcher address")
+        self.server = self.servers[0]
         self.queues = list(queues)
         self.concurrency = max(1, concurrency)
         self.name = name or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
@@ -150,6 +154,7 @@ class Worker:
                 self.connected = False
                 if self._stopping.is_set():
                     break
+                self.server = self.servers[(self.servers.index(self.server) + 1) % len(self.servers)]
                 if time.monotonic() - started > 10:
                     delay = 0.2  # it was up for a while: start the backoff over
                 sleep = random.uniform(delay / 2, delay)
