@@ -32,6 +32,7 @@ from valka import devdb
 
 ROOT = Path(__file__).resolve().parents[2]
 FINAL = ("COMPLETED", "FAILED", "DEAD_LETTER", "CANCELLED")
+NOT_FINAL = "status NOT IN ('COMPLETED', 'FAILED', 'DEAD_LETTER', 'CANCELLED')"
 MAX_RETRIES = 2
 
 SIDE_TABLE = """
@@ -205,7 +206,7 @@ class Chaos:
         return None
 
     def unsettled(self) -> int:
-        rows = self.query("SELECT count(*) FROM tasks WHERE status NOT IN %s" % (FINAL,))
+        rows = self.query(f"SELECT count(*) FROM tasks WHERE {NOT_FINAL}")
         return rows[0][0]
 
     def bump(self, what: str) -> None:
@@ -307,7 +308,7 @@ class Chaos:
                            " AND NOT EXISTS (SELECT 1 FROM task_runs r WHERE r.task_id = t.id"
                            " AND r.status = 'RUNNING' AND r.lease_expires_at > now())")
         p += [f"task {t} stuck in {s} without a live lease" for t, s in stuck]
-        waiting = self.query("SELECT count(*) FROM tasks WHERE status NOT IN %s" % (FINAL,))[0][0]
+        waiting = self.query(f"SELECT count(*) FROM tasks WHERE {NOT_FINAL}")[0][0]
         if waiting:
             p.append(f"{waiting} tasks did not settle within the time budget")
         bad_completed = self.query("""
@@ -327,7 +328,8 @@ class Chaos:
         retried_failed = self.query("""
             SELECT t.id FROM tasks t JOIN task_runs f ON f.task_id = t.id AND f.status = 'FAILED'
             WHERE t.status = 'FAILED' AND EXISTS (
-                SELECT 1 FROM task_runs later WHERE later.task_id = t.id AND later.attempt_number > f.attempt_number)""")
+                SELECT 1 FROM task_runs later
+                WHERE later.task_id = t.id AND later.attempt_number > f.attempt_number)""")
         p += [f"FAILED task {t} was retried after failing for good" for (t,) in retried_failed]
         overlaps = self.query("""
             SELECT DISTINCT a.task_id FROM task_runs a JOIN task_runs b ON a.task_id = b.task_id AND a.id < b.id
