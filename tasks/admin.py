@@ -248,8 +248,17 @@ class TaskAdmin(ConsoleAdmin):
             path("<uuid:object_id>/cancel/", view(require_POST(self.cancel_view)), name="tasks_task_cancel"),
             path("<uuid:object_id>/replay/", view(require_POST(self.replay_view)), name="tasks_task_replay"),
             path("<uuid:object_id>/signal/", view(require_POST(signal_send_view)), name="tasks_task_signal"),
+            path("events/", view(self.events_view), name="valka_events"),
             *super().get_urls(),
         ]
+
+    def events_view(self, request: HttpRequest) -> HttpResponse:
+        """Live task events: the page subscribes to the SSE stream `/api/v1/events` (staff session)."""
+        if not self.has_view_permission(request):
+            raise PermissionDenied
+        context = {**self.admin_site.each_context(request), "title": "Live events",
+                   "queue": request.GET.get("queue", "")}
+        return TemplateResponse(request, "admin/valka/events.html", context)
 
     def change_view(self, request: HttpRequest, object_id: str, form_url: str = "",
                     extra_context: dict | None = None) -> HttpResponse:

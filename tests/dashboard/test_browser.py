@@ -145,9 +145,36 @@ def events_url() -> str:
     pytest.skip("the admin's Events page is not built yet")
 
 
-def test_watch_a_live_event_arrive(events_url, page):
+@pytest.fixture
+def asgi_page(browser, transactional_db, tmp_path, django_user_model):
+    """A logged-in tab on the real ASGI app (uvicorn): the Events page streams Server-Sent Events,
+    which the test server's WSGI cannot serve."""
+    from tests.e2e.conftest import Stack
+
+    stack = Stack(tmp_path)
+    url = stack.web(VALKA_API_ANONYMOUS="false", SESSION_COOKIE_SECURE="false", CSRF_COOKIE_SECURE="false")
+    django_user_model.objects.create_superuser("operator", password=PASSWORD)
+    context = browser.new_context(base_url=url, viewport={"width": 1400, "height": 1000})
+    context.set_default_timeout(15_000)
+    tab = context.new_page()
+    tab.goto("/admin/login/")
+    tab.fill("#id_username", "operator")
+    tab.fill("#id_password", PASSWORD)
+    tab.click("input[type=submit]")
+    expect(tab.locator(".vk-nav")).to_be_visible()
+    yield tab
+    context.close()
+    stack.stop_all()
+
+
+def test_watch_a_live_event_arrive(events_url, asgi_page):
+    page = asgi_page
     page.goto(events_url)
-    page.wait_for_timeout(500)  # let the page open its stream
+    expect(page.locator("#vk-events-state")).to_have_text("live")
     task = TaskFactory(queue="live-q")
     Task.objects.filter(id=task.id).update(status="CANCELLED", finished_at=task.created_at)
-    expect(page.locator("body")).to_contain_text(str(task.id))
+    row = page.locator("#vk-events tbody tr").filter(has_text=str(task.id)).filter(has_text="CANCELLED")
+    expect(row).to_have_count(1)
+    expect(page.locator("#vk-events tbody")).to_contain_text("live-q")
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / "events.png"), full_page=True)
