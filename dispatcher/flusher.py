@@ -154,10 +154,12 @@ class Flusher:
                 "worker_ids": [w for _, w in starts],
                 "node_id": self.node.settings.node_id,
             })
-            started = {str(row[0]) for row in await cur.fetchall()}
-            if started:
+            rows = await cur.fetchall()
+            started = {str(task_id) for task_id, _ in rows}
+            with_signals = [str(task_id) for task_id, has_signals in rows if has_signals]
+            if with_signals:
                 # Signals sent while the task waited go out right after its assignment.
-                await self.node.signal_handler.deliver(list(started), conn)
+                await self.node.signal_handler.deliver(with_signals, conn)
         for entry, _ in starts:
             ok = entry.task_id in started
             if not entry.started.done():

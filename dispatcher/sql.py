@@ -44,7 +44,8 @@ SELECT run_id, id, attempt_count, worker_id, 'RUNNING', now() + make_interval(se
        now(), now()
 FROM moved
 ON CONFLICT DO NOTHING
-RETURNING task_id
+RETURNING task_id,
+    EXISTS (SELECT 1 FROM signals s WHERE s.task_id = task_runs.task_id AND s.status = 'PENDING') AS has_signals
 """
 
 # -- Not sent (the stream broke first): DISPATCHING → PENDING, no attempt counted; wake dispatchers. --
