@@ -30,7 +30,7 @@ def test_database_url() -> str:
     return f"postgres://{auth}@{s['HOST'] or 'localhost'}:{s['PORT'] or 5432}/{s['NAME']}"
 
 
-def wait_for(predicate: Callable[[], object], timeout: float = 20.0, interval: float = 0.05, what: str = "") -> object:
+def wait_for(predicate: Callable[[], object], timeout: float = 45.0, interval: float = 0.05, what: str = "") -> object:
     deadline = time.monotonic() + timeout
     while True:
         value = predicate()

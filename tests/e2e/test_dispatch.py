@@ -18,7 +18,7 @@ def status_of(task_id) -> str:
     return Task.objects.values_list("status", flat=True).get(id=task_id)
 
 
-def wait_status(task_id, *statuses, timeout=20.0):
+def wait_status(task_id, *statuses, timeout=45.0):
     wait_for(lambda: status_of(task_id) in statuses, timeout, what=f"task {task_id} in {statuses}")
     return Task.objects.get(id=task_id)
 
@@ -91,7 +91,7 @@ def test_priority_order_and_run_at(stack, tmp_path):
     # Run ids are time-ordered ids made by the dispatcher as it hands tasks out.
     order = {t.id: TaskRun.objects.get(task_id=t.id).id for t in (low, high, mid)}
     assert order[high.id] < order[mid.id] < order[low.id]
-    wait_status(later.id, "COMPLETED", timeout=20)
+    wait_status(later.id, "COMPLETED", timeout=45)
     assert TaskRun.objects.get(task_id=later.id).started_at >= later.run_at
 
 

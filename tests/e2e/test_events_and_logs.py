@@ -38,7 +38,7 @@ def _read_sse(url: str, sink: queue.Queue, stop: threading.Event) -> None:
                 sink.put(("connected", None))
 
 
-def _collect(sink: queue.Queue, until, timeout=20.0):
+def _collect(sink: queue.Queue, until, timeout=45.0):
     got = []
     deadline = threading.Event()
     timer = threading.Timer(timeout, deadline.set)
@@ -108,7 +108,7 @@ def test_grpc_subscribe_events_and_logs(stack, tmp_path):
         task = services.task_enqueue(task_name="sleep", queue="grpc-events", input={"seconds": 1.5})
         statuses = []
         while common_pb2.TASK_STATUS_COMPLETED not in statuses:
-            event = seen.get(timeout=20)
+            event = seen.get(timeout=45)
             assert event.task_id == str(task.id) and event.queue_name == "grpc-events"
             statuses.append(event.new_status)
         assert statuses == [common_pb2.TASK_STATUS_PENDING, common_pb2.TASK_STATUS_DISPATCHING,
