@@ -201,3 +201,19 @@ def _has_scheduler() -> bool:
     from pathlib import Path
 
     return (Path(__file__).resolve().parents[2] / "tasks/management/commands/run_scheduler.py").exists()
+
+
+def test_retry_then_success_with_the_scheduler(stack, tmp_path):
+    if not _has_scheduler():
+        pytest.skip("the retry engine (scheduler) is not available yet")
+    _, addr = stack.dispatcher(VALKA_RETRY_BASE_DELAY="0.2")
+    stack.scheduler(VALKA_SCHEDULER_MAX_SLEEP="0.2")
+    stack.worker(addr)
+    task = services.task_enqueue(task_name="fail_until", queue="default", input={"succeed_on": 3})
+    done = wait_status(task.id, "COMPLETED")
+    assert done.output == {"succeeded_on": 3} and done.attempt_count == 3
+    runs = list(TaskRun.objects.filter(task_id=task.id).order_by("attempt_number"))
+    assert [(r.attempt_number, r.status) for r in runs] == [(1, "FAILED"), (2, "FAILED"), (3, "COMPLETED")]
+    assert runs[0].error_message == "RuntimeError: failing attempt 1"
+    # The second attempt waited for its backoff (0.2 s ± 25%) after the first one failed.
+    assert (runs[1].started_at - runs[0].finished_at).total_seconds() >= 0.15

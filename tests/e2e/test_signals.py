@@ -102,3 +102,31 @@ def test_worker_killed_before_ack_gets_the_signal_again_on_the_retry(stack, tmp_
     assert done.output["signals"][0]["id"] == str(s.id)
     wait_for(lambda: sig(s.id).status == "ACKNOWLEDGED", what="ack on the second attempt")
     assert TaskRun.objects.get(task_id=task.id, attempt_number=1).status == "LOST"
+
+
+def test_grpc_send_signal(stack, tmp_path):
+    import grpc
+
+    from valka.v1 import api_pb2, api_pb2_grpc
+
+    _, addr = stack.dispatcher()
+    stack.worker(addr)
+    task = task_services.task_enqueue(task_name="collect_signals", queue="default",
+                                      input={"count": 1, "mark": str(tmp_path)})
+    wait_for(lambda: list(tmp_path.glob(f"{task.id}.started.*")), what="handler started")
+    with grpc.insecure_channel(addr) as channel:
+        api = api_pb2_grpc.ApiServiceStub(channel)
+        answer = api.SendSignal(api_pb2.SendSignalRequest(task_id=str(task.id), signal_name="progress_request",
+                                                          payload='{"k": 1}'))
+        assert answer.delivered and sig(answer.signal_id).signal_type == "progress_request"
+        done = wait_status(task.id, "COMPLETED")
+        assert done.output["signals"][0] == {"id": answer.signal_id, "type": "progress_request",
+                                             "payload": {"k": 1}}
+        for request, code in [
+            (api_pb2.SendSignalRequest(task_id=str(task.id), signal_name="late"), grpc.StatusCode.FAILED_PRECONDITION),
+            (api_pb2.SendSignalRequest(task_id=str(task.id)), grpc.StatusCode.INVALID_ARGUMENT),
+            (api_pb2.SendSignalRequest(task_id="nope", signal_name="x"), grpc.StatusCode.NOT_FOUND),
+        ]:
+            with pytest.raises(grpc.RpcError) as err:
+                api.SendSignal(request)
+            assert err.value.code() == code
