@@ -8,20 +8,23 @@ never by deciding from a read made before the write.
 
 from __future__ import annotations
 
+import json
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import connection, transaction
 from psycopg.types.json import Jsonb
 
 from tasks import selectors
-from tasks.errors import InvalidState
+from tasks.errors import InvalidState, ValidationError, ValkaError
 from tasks.models import DeadLetter, Task
 from tasks.specs import TaskSpec, parse_task_spec
 from tasks.sql import lifecycle, producer
 from tasks.states import FINAL_STATES, TaskStatus, sources_of
 from valka.ids import uuid7
+
+MAX_BATCH = 1000  # tasks per batch call (REST, SDK, task_enqueue_many)
 
 
 def _jsonb(value: Any) -> Jsonb | None:
@@ -100,7 +103,137 @@ def task_create_from_data(*, data: Any) -> tuple[Task, bool]:
 
 
 def task_create(*, spec: TaskSpec) -> tuple[Task, bool]:
-    return _insert(spec)
+    """Insert one task, or find the holder of its idempotency key. Returns (task, created)."""
+    return task_create_many(specs=[spec])[0]
+
+
+def task_enqueue_many(tasks: Iterable[Mapping[str, Any]]) -> list[Task]:
+    """Enqueue up to MAX_BATCH tasks from Django code in one INSERT, in the caller's transaction.
+
+    Each item holds `task_enqueue`'s arguments. Every item is validated first and
+    the first invalid one raises (its field named `tasks[i].<field>`) before
+    anything is written. Returns the tasks in order; an item whose idempotency
+    key exists (or repeats an earlier item's) gets the task that holds the key.
+    """
+    specs = []
+    for i, item in enumerate(tasks):
+        try:
+            specs.append(parse_task_spec(item))
+        except ValkaError as exc:
+            raise type(exc)(f"tasks[{i}].{exc.message}", {f"tasks[{i}]": exc.details}) from None
+    return [task for task, _created in task_create_many(specs=specs)]
+
+
+def task_create_many_from_data(*, items: Any) -> list[tuple[Task, bool] | ValkaError]:
+    """Validate each of a producer's items on its own and create the valid ones in one INSERT.
+
+    Returns, in order, (task, created) for each valid item and the error for each
+    invalid one: an invalid item does not stop the others. More than MAX_BATCH
+    items, or anything but a list, is a ValidationError for the whole request.
+    """
+    if not isinstance(items, list):
+        raise ValidationError.field("tasks", "must be a list of task objects")
+    if len(items) > MAX_BATCH:
+        raise ValidationError.field("tasks", f"at most {MAX_BATCH} tasks per request (got {len(items)})")
+    outcomes: list[tuple[Task, bool] | ValkaError | None] = [None] * len(items)
+    valid: list[tuple[int, TaskSpec]] = []
+    for i, item in enumerate(items):
+        try:
+            if not isinstance(item, Mapping):
+                raise ValidationError("a task must be a JSON object", {"task": ["must be a JSON object"]})
+            valid.append((i, parse_task_spec(item)))
+        except ValkaError as exc:
+            outcomes[i] = exc
+    for (i, _spec), created in zip(valid, task_create_many(specs=[spec for _, spec in valid]), strict=True):
+        outcomes[i] = created
+    return outcomes  # type: ignore[return-value]  # every slot is filled
+
+
+def task_create_many(*, specs: Sequence[TaskSpec]) -> list[tuple[Task, bool]]:
+    """Insert up to MAX_BATCH valid specs with one statement; (task, created) for each, in order.
+
+    One multi-row INSERT ... ON CONFLICT DO NOTHING, then one SELECT for the keys
+    that were taken. Items repeating a key of the same batch resolve to the first
+    one's task. The INSERT takes the keys in sorted order, so concurrent batches
+    that share keys wait for each other instead of deadlocking. A key whose holder
+    is deleted between the two statements is inserted again (three tries).
+    """
+    if len(specs) > MAX_BATCH:
+        raise ValidationError.field("tasks", f"at most {MAX_BATCH} tasks per batch (got {len(specs)})")
+    results: list[tuple[Task, bool] | None] = [None] * len(specs)
+    pending = list(range(len(specs)))
+    for _ in range(3):
+        first_of_key: dict[str, int] = {}
+        to_insert = []
+        for i in pending:
+            key = specs[i].idempotency_key
+            if key is None or key not in first_of_key:
+                if key is not None:
+                    first_of_key[key] = i
+                to_insert.append(i)
+        inserted = _insert_rows([specs[i] for i in to_insert])
+        holders: dict[str, Task] = {}
+        for i, task in zip(to_insert, inserted, strict=True):
+            if task is not None:
+                results[i] = (task, True)
+                if task.idempotency_key is not None:
+                    holders[task.idempotency_key] = task
+        taken = [specs[i].idempotency_key for i, task in zip(to_insert, inserted, strict=True) if task is None]
+        if taken:
+            # ON CONFLICT waited for each holder to commit, so they are visible now.
+            for task in Task.objects.raw(producer.SELECT_BY_IDEMPOTENCY_KEYS, {"keys": taken}):
+                holders[task.idempotency_key] = task
+        still = []
+        for i in pending:
+            if results[i] is None:
+                holder = holders.get(specs[i].idempotency_key or "")
+                if holder is None:
+                    still.append(i)  # the holder was deleted in between: try again
+                else:
+                    results[i] = (holder, False)
+        pending = still
+        if not pending:
+            return [result for result in results if result is not None]
+    raise InvalidState("idempotency keys of this batch are being reused concurrently; retry the request")
+
+
+_TASK_FIELDS = [f.attname for f in Task._meta.concrete_fields]
+
+
+def _insert_rows(specs: list[TaskSpec]) -> list[Task | None]:
+    """INSERT_TASKS for `specs`: the new task for each, or None where its key was taken.
+
+    The new rows are built from what was sent and what the server returned (times),
+    not read back: the statement's triggers run after the insert and change nothing.
+    """
+    if not specs:
+        return []
+    ids = [uuid7() for _ in specs]
+    rows = [
+        {"id": str(task_id), "task_name": s.task_name, "queue": s.queue, "priority": s.priority,
+         "max_retries": s.max_retries, "timeout_seconds": s.timeout_seconds, "idempotency_key": s.idempotency_key,
+         "input": s.input, "metadata": s.metadata, "run_at": s.run_at.isoformat() if s.run_at else None}
+        for task_id, s in zip(ids, specs, strict=True)
+    ]
+    with connection.cursor() as cursor:
+        cursor.execute(producer.INSERT_TASKS, {"tasks": json.dumps(rows, ensure_ascii=False, separators=(",", ":"))})
+        returned = {row[0]: row[1:3] for row in cursor.fetchall()}
+    alias = connection.alias
+    tasks: list[Task | None] = []
+    for task_id, s in zip(ids, specs, strict=True):
+        times = returned.get(task_id)
+        if times is None:
+            tasks.append(None)
+            continue
+        run_at, created_at = times
+        values = {
+            "id": task_id, "task_name": s.task_name, "queue": s.queue, "status": TaskStatus.PENDING.value,
+            "priority": s.priority, "max_retries": s.max_retries, "attempt_count": 0,
+            "timeout_seconds": s.timeout_seconds, "idempotency_key": s.idempotency_key, "input": s.input,
+            "metadata": s.metadata, "run_at": run_at, "created_at": created_at, "updated_at": created_at,
+        }
+        tasks.append(Task.from_db(alias, _TASK_FIELDS, [values.get(name) for name in _TASK_FIELDS]))
+    return tasks
 
 
 def task_cancel(*, task_id: uuid.UUID | str, reason: str | None = "cancelled") -> Task:

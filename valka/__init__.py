@@ -1,0 +1,60 @@
+"""Valka: a distributed task queue for Django whose only infrastructure is PostgreSQL.
+
+Django code enqueues in process, inside its own transaction if it has one:
+
+    from valka import enqueue
+    enqueue("send_email", queue="emails", input={"to": "ada@example.com"})
+
+`enqueue` and `enqueue_many` are the service layer's `task_enqueue` and
+`task_enqueue_many`; Django is imported on the first call only, so
+`import valka` (and the worker SDK under `valka.sdk`) stays cheap.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from collections.abc import Iterable, Mapping
+    from datetime import datetime
+
+    from tasks.models import Task
+
+__all__ = ["enqueue", "enqueue_many"]
+
+
+def enqueue(
+    task_name: str,
+    *,
+    queue: str = "default",
+    input: Any = None,
+    metadata: Mapping[str, Any] | None = None,
+    priority: int | None = None,
+    max_retries: int | None = None,
+    timeout_seconds: int | None = None,
+    idempotency_key: str | None = None,
+    run_at: datetime | str | None = None,
+) -> Task:
+    """Enqueue one task; it commits with the caller's transaction, NOTIFY included, or not at all.
+
+    Raises `tasks.errors.ValidationError` (or `PayloadTooLarge`) for invalid
+    arguments. With an idempotency key that exists, returns the existing task.
+    """
+    from tasks.services import task_enqueue
+
+    return task_enqueue(task_name=task_name, queue=queue, input=input, metadata=metadata, priority=priority,
+                        max_retries=max_retries, timeout_seconds=timeout_seconds,
+                        idempotency_key=idempotency_key, run_at=run_at)
+
+
+def enqueue_many(tasks: Iterable[Mapping[str, Any]]) -> list[Task]:
+    """Enqueue up to 1,000 tasks with one INSERT, in order; each item holds `enqueue`'s arguments.
+
+    All are validated before anything is written: the first invalid item raises.
+    Same transaction rules as `enqueue`, with one NOTIFY per queue.
+    """
+    from tasks.services import task_enqueue_many
+
+    return task_enqueue_many(
+        item if "queue" in item or "queue_name" in item else {**item, "queue": "default"} for item in tasks
+    )

@@ -4,6 +4,10 @@ Requests are validated by `tasks.specs`, shared with gRPC and the admin; the
 request serializers here only document the fields.
 """
 
+from datetime import datetime
+from typing import Any
+
+from django.utils import timezone
 from rest_framework import serializers
 
 from signals.models import Signal
@@ -32,6 +36,36 @@ class TaskSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
+def task_data(task: Task) -> dict[str, Any]:
+    """`TaskSerializer(task).data`, built directly: the create and batch endpoints answer with
+    up to a thousand tasks, and building a ModelSerializer costs about a millisecond each.
+    A test keeps the two equal."""
+    tz = timezone.get_current_timezone()
+
+    def when(value: datetime | None) -> str | None:
+        if not value:
+            return None
+        text = value.astimezone(tz).isoformat()
+        return text[:-6] + "Z" if text.endswith("+00:00") else text
+
+    def uuid_text(value: Any) -> str | None:
+        return None if value is None else str(value)
+
+    task_id = str(task.id)
+    run_at = when(task.run_at)
+    return {
+        "id": task_id, "task_id": task_id, "task_name": task.task_name, "queue": task.queue,
+        "queue_name": task.queue, "status": task.status, "priority": task.priority,
+        "max_retries": task.max_retries, "attempt_count": task.attempt_count,
+        "timeout_seconds": task.timeout_seconds, "idempotency_key": task.idempotency_key, "input": task.input,
+        "metadata": task.metadata, "output": task.output, "error_message": task.error_message,
+        "run_at": run_at, "scheduled_at": run_at, "created_at": when(task.created_at),
+        "updated_at": when(task.updated_at), "started_at": when(task.started_at),
+        "finished_at": when(task.finished_at), "replayed_from_task_id": uuid_text(task.replayed_from_task_id),
+        "replayed_from_dead_letter_id": uuid_text(task.replayed_from_dead_letter_id),
+    }
+
+
 class TaskCreateSerializer(serializers.Serializer):
     """Documents POST /api/v1/tasks. `queue_name` and `scheduled_at` are accepted as aliases."""
 
@@ -46,6 +80,12 @@ class TaskCreateSerializer(serializers.Serializer):
     run_at = serializers.DateTimeField(required=False, allow_null=True)
     queue_name = serializers.CharField(required=False, help_text="Alias of queue.")
     scheduled_at = serializers.DateTimeField(required=False, allow_null=True, help_text="Alias of run_at.")
+
+
+class TaskBatchCreateSerializer(serializers.Serializer):
+    """Documents POST /api/v1/tasks/batch: up to 1,000 tasks, each validated on its own."""
+
+    tasks = TaskCreateSerializer(many=True, max_length=1000)
 
 
 class TaskRunSerializer(serializers.ModelSerializer):
@@ -121,6 +161,18 @@ class ErrorSerializer(serializers.Serializer):
     error = serializers.CharField()
     message = serializers.CharField()
     details = serializers.DictField()
+
+
+class TaskBatchResultSerializer(serializers.Serializer):
+    """One item's outcome: `task` with 201 (created) or 200 (its idempotency key existed), else `error`."""
+
+    status = serializers.IntegerField(help_text="201, 200, or the 4xx status of the error.")
+    task = TaskSerializer(required=False)
+    error = ErrorSerializer(required=False)
+
+
+class TaskBatchResponseSerializer(serializers.Serializer):
+    results = TaskBatchResultSerializer(many=True, help_text="One result per task sent, in the same order.")
 
 
 STATUS_VALUES = [s.value for s in TaskStatus]

@@ -9,6 +9,7 @@ ID = r"(?P<pk>[^/]+)"
 
 urlpatterns = [
     re_path(r"^tasks/?$", tasks.as_view({"get": "list", "post": "create"}), name="task-list"),
+    re_path(r"^tasks/batch/?$", tasks.as_view({"post": "batch"}), name="task-batch"),
     re_path(rf"^tasks/{ID}/?$", tasks.as_view({"get": "retrieve", "delete": "destroy"}), name="task-detail"),
     re_path(rf"^tasks/{ID}/cancel/?$", tasks.as_view({"post": "cancel"}), name="task-cancel"),
     re_path(rf"^tasks/{ID}/runs/?$", tasks.as_view({"get": "runs"}), name="task-runs"),

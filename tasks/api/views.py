@@ -16,7 +16,8 @@ from rest_framework.response import Response
 
 from tasks import selectors, services
 from tasks.api import serializers as s
-from tasks.errors import ValidationError
+from tasks.api.errors import error_body
+from tasks.errors import ValidationError, ValkaError
 from tasks.specs import parse_datetime
 
 ERRORS = {400: s.ErrorSerializer, 401: s.ErrorSerializer, 404: s.ErrorSerializer, 409: s.ErrorSerializer,
@@ -66,7 +67,30 @@ class TaskViewSet(viewsets.ViewSet):
                                                                 **ERRORS})
     def create(self, request: Request) -> Response:
         task, created = services.task_create_from_data(data=request.data)
-        return Response(s.TaskSerializer(task).data, status=201 if created else 200)
+        return Response(s.task_data(task), status=201 if created else 200)
+
+    @extend_schema(request=s.TaskBatchCreateSerializer,
+                   responses={201: s.TaskBatchResponseSerializer, 200: s.TaskBatchResponseSerializer, **ERRORS},
+                   description="Create up to 1,000 tasks with one INSERT. Each task is validated on its own "
+                               "and has its own result, in order: 201 created, 200 its idempotency key "
+                               "existed, or a 4xx with the API's error shape. The answer is 201 when any "
+                               "task was created, else 200.")
+    @action(detail=False, methods=["post"])
+    def batch(self, request: Request) -> Response:
+        body = request.data
+        if not isinstance(body, dict) or "tasks" not in body:
+            raise ValidationError.field("tasks", "this field is required: a list of task objects")
+        results = []
+        any_created = False
+        for outcome in services.task_create_many_from_data(items=body["tasks"]):
+            if isinstance(outcome, ValkaError):
+                results.append({"status": outcome.http_status,
+                                "error": error_body(outcome.code, outcome.message, outcome.details)})
+            else:
+                task, created = outcome
+                any_created = any_created or created
+                results.append({"status": 201 if created else 200, "task": s.task_data(task)})
+        return Response({"results": results}, status=201 if any_created else 200)
 
     @extend_schema(responses={200: s.TaskSerializer, **ERRORS})
     def retrieve(self, request: Request, pk: str) -> Response:

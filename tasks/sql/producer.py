@@ -1,4 +1,4 @@
-"""Inserting tasks: one statement per task (or per batch), NOTIFY included.
+"""Inserting tasks: one statement per task or per batch, NOTIFY included.
 
 The NOTIFY is part of the caller's transaction, so dispatchers hear of a
 task only once it is committed, and never of one that was rolled back.
@@ -27,3 +27,34 @@ FROM ins
 
 # -- The task that holds an idempotency key (after a conflict). --
 SELECT_BY_IDEMPOTENCY_KEY = "SELECT * FROM tasks WHERE idempotency_key = %(idempotency_key)s"
+
+# -- Insert a batch of tasks in one statement; keys that exist already insert nothing. --
+# The batch travels as one JSON array of objects (ids made by the caller), unpacked by
+# jsonb_to_recordset: cheaper to send than one array per column. Rows go in key order, so
+# two batches sharing keys take them in the same order and cannot deadlock on each other's
+# uncommitted rows. Returns what the server set (due and creation times) for each new row,
+# and sends one NOTIFY per distinct queue that got a task claimable now, not one per task.
+INSERT_TASKS = f"""
+WITH ins AS (
+    INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count,
+                       timeout_seconds, idempotency_key, input, metadata, run_at,
+                       created_at, updated_at)
+    SELECT i.id, i.task_name, i.queue, 'PENDING', i.priority, i.max_retries, 0,
+           i.timeout_seconds, i.idempotency_key, i.input, i.metadata,
+           COALESCE(i.run_at, now()), now(), now()
+    FROM jsonb_to_recordset(%(tasks)s::jsonb)
+         AS i(id uuid, task_name text, queue text, priority int, max_retries int, timeout_seconds int,
+              idempotency_key text, input jsonb, metadata jsonb, run_at timestamptz)
+    ORDER BY i.idempotency_key, i.id
+    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    RETURNING id, queue, run_at, created_at
+), notified AS (
+    SELECT count(pg_notify('{TASK_READY}', ready.queue)) AS n
+    FROM (SELECT DISTINCT queue FROM ins WHERE run_at <= now()) ready
+)
+SELECT ins.id, ins.run_at, ins.created_at, (SELECT n FROM notified) AS notified
+FROM ins
+"""
+
+# -- The tasks that hold some idempotency keys (after conflicts in a batch). --
+SELECT_BY_IDEMPOTENCY_KEYS = "SELECT * FROM tasks WHERE idempotency_key = ANY(%(keys)s::text[])"
