@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -18,6 +19,7 @@ from pathlib import Path
 from valka import devdb
 
 WEB_ADDR = ("127.0.0.1", 8989)
+GRPC_PORT = 50051
 ADMIN_USER = "admin"
 ADMIN_PASSWORD = "admin"
 
@@ -38,6 +40,18 @@ def _processes(py: str) -> dict[str, list[str]]:
     if (root / "examples" / "progress_worker.py").exists():
         procs["progress-worker"] = [py, "examples/progress_worker.py"]
     return procs
+
+
+def _wait_listening(addrs: list[tuple[str, int]], children: dict[str, subprocess.Popen[bytes]],
+                    timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    for host, port in addrs:
+        while time.monotonic() < deadline and all(p.poll() is None for p in children.values()):
+            with socket.socket() as s:
+                s.settimeout(0.2)
+                if s.connect_ex((host, port)) == 0:
+                    break
+            time.sleep(0.1)
 
 
 def main() -> int:
@@ -62,8 +76,16 @@ def main() -> int:
         subprocess.run([py, "manage.py", "ensure_local_admin", ADMIN_USER, ADMIN_PASSWORD], env=env, check=True)
 
     children: dict[str, subprocess.Popen[bytes]] = {}
-    for name, cmd in _processes(py).items():
+    processes = _processes(py)
+    servers = {name: cmd for name, cmd in processes.items() if "worker" not in name}
+    for name, cmd in servers.items():
         children[name] = subprocess.Popen(cmd, env=env)
+    # Workers start once the dispatcher answers, so their first connection succeeds.
+    grpc_port = int(env.get("VALKA_GRPC_ADDR", f"0.0.0.0:{GRPC_PORT}").rsplit(":", 1)[1])
+    _wait_listening([WEB_ADDR, ("127.0.0.1", grpc_port)] if "dispatcher" in children else [WEB_ADDR], children)
+    for name, cmd in processes.items():
+        if name not in servers:
+            children[name] = subprocess.Popen(cmd, env=env)
     host, port = WEB_ADDR
     print(f"\nValka is up: REST API http://{host}:{port}/api/v1/  docs http://{host}:{port}/api/docs/", flush=True)
     print(f"Admin: http://{host}:{port}/admin/", end="")
