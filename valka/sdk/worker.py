@@ -20,6 +20,7 @@ import asyncio
 import inspect
 import json
 import logging
+import os
 import random
 import signal as signal_module
 import socket
@@ -69,7 +70,7 @@ class Worker:
         concurrency: int = 4,
         name: str | None = None,
         worker_id: str | None = None,
-        heartbeat_interval: float = 30.0,
+        heartbeat_interval: float | None = None,
         drain_timeout: float = 30.0,
         token: str | None = None,
         metadata: dict[str, Any] | None = None,
@@ -86,7 +87,9 @@ class Worker:
         self.concurrency = max(1, concurrency)
         self.name = name or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         self.worker_id = worker_id or str(uuid.uuid4())  # kept across reconnects
-        self.heartbeat_interval = heartbeat_interval
+        # Default: VALKA_HEARTBEAT_INTERVAL (seconds) or 30 s; the dispatcher extends leases by
+        # VALKA_LEASE_EXTENSION (60 s) on each, so one lost heartbeat costs nothing.
+        self.heartbeat_interval = heartbeat_interval or float(os.environ.get("VALKA_HEARTBEAT_INTERVAL", "30"))
         self.drain_timeout = drain_timeout
         self.token = token
         self.metadata = metadata or {}
