@@ -51,6 +51,7 @@ class Flusher:
         self._starts: list[tuple[InFlight, str]] = []  # (entry, worker id)
         self._results: list[Result] = []
         self._heartbeats: list[tuple[str, str]] = []  # (worker id, task id)
+        self._heard: set[str] = set()  # workers that sent a heartbeat
         self._logs: list[LogLine] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -66,6 +67,7 @@ class Flusher:
         self._poke()
 
     def heartbeat(self, worker_id: str, task_ids: list[str]) -> None:
+        self._heard.add(worker_id)
         self._heartbeats.extend((worker_id, t) for t in task_ids)
         self._poke()
 
@@ -74,7 +76,7 @@ class Flusher:
         self._poke()
 
     def pending(self) -> bool:
-        return bool(self._starts or self._results or self._heartbeats or self._logs)
+        return bool(self._starts or self._results or self._heartbeats or self._heard or self._logs)
 
     def _poke(self) -> None:
         self._idle.clear()
@@ -126,12 +128,15 @@ class Flusher:
                 self._results[:0] = ready
                 raise
         beats, self._heartbeats = self._heartbeats, []
-        if beats:
+        heard, self._heard = self._heard, set()
+        if beats or heard:
             async with pool.connection() as conn:
-                await conn.execute(sql.HEARTBEAT, {
-                    "worker_ids": [w for w, _ in beats], "task_ids": [t for _, t in beats],
-                    "extension": self.node.settings.lease_extension,
-                })
+                if beats:
+                    await conn.execute(sql.HEARTBEAT, {
+                        "worker_ids": [w for w, _ in beats], "task_ids": [t for _, t in beats],
+                        "extension": self.node.settings.lease_extension,
+                    })
+                await conn.execute(sql.WORKERS_HEARD, {"worker_ids": sorted(heard)})
         lines = [line for line in self._logs if line.gate is None or line.gate.started.done()]
         if lines:
             self._logs = [line for line in self._logs if not (line.gate is None or line.gate.started.done())]

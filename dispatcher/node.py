@@ -255,9 +255,7 @@ class DispatcherNode:
         return None
 
     def on_heartbeat(self, session: WorkerSession, beat: pb.Heartbeat) -> None:
-        ids = [t for t in beat.active_task_ids if valid_uuid(t)]
-        if ids:
-            self.flusher.heartbeat(session.worker_id, ids)
+        self.flusher.heartbeat(session.worker_id, [t for t in beat.active_task_ids if valid_uuid(t)])
         session.send(pb.WorkerResponse(heartbeat_ack=pb.HeartbeatAck(server_timestamp_ms=int(time.time() * 1000))))
 
     def on_logs(self, session: WorkerSession, batch: pb.LogBatch) -> None:

@@ -64,6 +64,12 @@ WHERE r.task_id = i.task_id AND r.worker_id = i.worker_id AND r.status = 'RUNNIN
 RETURNING r.task_id
 """
 
+# -- Workers that sent a heartbeat: their last heartbeat, as the worker janitor reads it. --
+WORKERS_HEARD = """
+UPDATE workers SET last_heartbeat_at = now()
+WHERE id = ANY(%(worker_ids)s) AND status = 'CONNECTED'
+"""
+
 # -- Workers served by this dispatcher are alive (refreshed for every session of the node). --
 TOUCH_WORKERS = """
 UPDATE workers SET last_heartbeat_at = now()

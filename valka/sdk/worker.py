@@ -191,7 +191,12 @@ class Worker:
             draining = False
             try:
                 while True:
-                    msg = await call.read()
+                    try:
+                        msg = await call.read()
+                    except asyncio.CancelledError:
+                        if self._stopping is not None and self._stopping.is_set() and call.cancelled():
+                            break  # our own stop gave up waiting for the server
+                        raise
                     if msg is grpc.aio.EOF:
                         break
                     kind = msg.WhichOneof("response")
@@ -232,6 +237,8 @@ class Worker:
         await self._flush_now()
         await asyncio.sleep(0.05)
         await call.done_writing()
+        # The dispatcher ends the stream when it sees ours end; don't wait forever for it.
+        await asyncio.sleep(5)
         call.cancel()
 
     async def _wait_running(self, timeout: float) -> None:
