@@ -40,3 +40,27 @@ clean-db:
 # Regenerate the Python code of the valka.v1 protocol (committed; a test checks it is fresh).
 proto: install
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/valka/v1/*.proto
+
+# Benchmarks (see README, "Performance"): a private durable PostgreSQL, the stack, the workloads.
+# BENCH_ARGS passes options, e.g. make bench BENCH_ARGS="--n 20000 --workers 2".
+BENCH_ARGS ?=
+BENCH_STAMP := $(VENV)/.bench-stamp
+PEERS_VENV := .venv-peers
+PEERS_STAMP := $(PEERS_VENV)/.installed-stamp
+
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
+	@touch $(BENCH_STAMP)
+
+bench: $(BENCH_STAMP)
+	$(PY) -m bench $(BENCH_ARGS)
+
+# The peers live in a virtualenv of their own; Redis is Debian's redis-server on a private port.
+$(PEERS_STAMP): bench/peers/requirements.txt
+	@test -x $(PEERS_VENV)/bin/python || $(PYTHON) -m venv $(PEERS_VENV)
+	$(PEERS_VENV)/bin/pip install --quiet --disable-pip-version-check -r bench/peers/requirements.txt
+	@touch $(PEERS_STAMP)
+
+bench-peers: $(BENCH_STAMP) $(PEERS_STAMP)
+	@command -v redis-server >/dev/null || { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq redis-server; }
+	$(PY) -m bench --peers $(BENCH_ARGS)

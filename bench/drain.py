@@ -1,0 +1,92 @@
+"""Drain and latency on Valka, counted from the database.
+
+Drain: N no-op tasks committed in one transaction while the workers are idle,
+then the time until the last of them is COMPLETED: max(finished_at) minus the
+moment the commit returned. Latency: idle workers, `stamp` tasks enqueued one
+by one through the in-process API at a steady pace; the handler's start time
+(in the task's output) minus the moment `enqueue` returned.
+
+These run in a Django-configured process (the benchmark's, or the smoke test's).
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from bench.measure import latency_summary, paced, rounds_summary, wait_until_done
+
+DRAIN_QUEUE = "drain"
+LATENCY_QUEUE = "latency"
+CHUNK = 1000
+
+
+def enqueue_committed(n: int, queue: str, task_name: str = "noop") -> float:
+    """Insert n tasks in one transaction (batches of 1,000); returns time.time() once committed."""
+    from django.db import transaction
+
+    from tasks.services import task_enqueue_many
+
+    with transaction.atomic():
+        for start in range(0, n, CHUNK):
+            task_enqueue_many([{"task_name": task_name, "queue": queue}] * min(CHUNK, n - start))
+    return time.time()
+
+
+def _completed_since(conn: psycopg.Connection, queue: str, since: datetime) -> tuple[int, datetime | None]:
+    # Matches tasks_finished_idx (finished_at WHERE status is final): cheap even beside a million old rows.
+    row = conn.execute(
+        "SELECT count(*), max(finished_at) FROM tasks "
+        "WHERE status = 'COMPLETED' AND finished_at >= %s AND queue = %s", (since, queue)).fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+def drain(database_url: str, *, n: int, rounds: int, queue: str = DRAIN_QUEUE, label: str = "drain",
+          timeout: float | None = None) -> dict[str, Any]:
+    """Median over `rounds` of n / (last finished_at − commit time)."""
+    rates = []
+    timeout = timeout or max(120.0, n / 50)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for r in range(rounds):
+            since = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+            t0 = enqueue_committed(n, queue)
+            wait_until_done(lambda s=since: _completed_since(conn, queue, s)[0], n,
+                            f"{label} {r + 1}/{rounds}", timeout)
+            done, last = _completed_since(conn, queue, since)
+            assert last is not None and done == n
+            rates.append(n / max(last.timestamp() - t0, 1e-6))
+    return rounds_summary(rates, n=n)
+
+
+def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = LATENCY_QUEUE,
+            label: str = "latency") -> dict[str, Any]:
+    """Enqueue `count` stamp tasks at `rate`/s with idle workers; p50/p99 of start − enqueue."""
+    from tasks.services import task_enqueue
+
+    sent: dict[Any, tuple[float, float]] = {}
+
+    def send(_: int) -> None:
+        before = time.time()
+        task = task_enqueue(task_name="stamp", queue=queue)
+        sent[task.id] = (before, time.time())
+
+    paced(count, rate, f"{label} ({rate:.0f}/s)", send)
+    ids = list(sent)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        def done() -> int:
+            row = conn.execute("SELECT count(*) FROM tasks WHERE id = ANY(%s) AND status = 'COMPLETED'",
+                               (ids,)).fetchone()
+            return row[0] if row else 0
+
+        wait_until_done(done, len(ids), f"{label} (finishing)", 60)
+        rows = conn.execute("SELECT id, (output->>'started')::float8 FROM tasks WHERE id = ANY(%s)",
+                            (ids,)).fetchall()
+    from_return = [(started - sent[task_id][1]) * 1000 for task_id, started in rows]
+    from_call = [(started - sent[task_id][0]) * 1000 for task_id, started in rows]
+    return {**latency_summary(from_return), "from_call": latency_summary(from_call), "rate": rate}
+
+

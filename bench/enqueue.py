@@ -1,0 +1,132 @@
+"""Enqueue throughput on Valka: in process, REST (single and batch) and gRPC CreateTask.
+
+No worker serves ENQUEUE_QUEUE, so the tasks stay PENDING; `cleanup()` deletes them
+so the later workloads start from the same table.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any
+
+import httpx
+
+from bench.measure import bar
+
+ENQUEUE_QUEUE = "enqueue"
+
+
+def _result(count: int, seconds: float, **extra: Any) -> dict[str, Any]:
+    return {"rate_per_s": count / seconds, "count": count, "seconds": seconds, **extra}
+
+
+def in_process(count: int, threads: int = 1) -> dict[str, Any]:
+    """`valka.enqueue` in a loop, one task and one commit per call, from `threads` threads."""
+    from django.db import connection
+
+    import valka
+
+    per_thread = count // threads
+    errors: list[BaseException] = []
+    with bar(per_thread * threads, f"enqueue in-process x{threads}") as progress:
+        def run() -> None:
+            try:
+                for i in range(per_thread):
+                    valka.enqueue("noop", queue=ENQUEUE_QUEUE, input={"i": i})
+                    progress.update(1)
+            except BaseException as exc:  # re-raised below
+                errors.append(exc)
+            finally:
+                if threads > 1:
+                    connection.close()
+
+        start = time.perf_counter()
+        if threads == 1:
+            run()
+        else:
+            pool = [threading.Thread(target=run) for _ in range(threads)]
+            for t in pool:
+                t.start()
+            for t in pool:
+                t.join()
+        seconds = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return _result(per_thread * threads, seconds, threads=threads)
+
+
+def rest_single(url: str, api_key: str, count: int, clients: int = 8) -> dict[str, Any]:
+    """POST /api/v1/tasks from `clients` concurrent connections."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+
+    async def main() -> float:
+        limits = httpx.Limits(max_connections=clients, max_keepalive_connections=clients)
+        async with httpx.AsyncClient(base_url=url, headers=headers, limits=limits, timeout=60) as http:
+            per_client = count // clients
+            with bar(per_client * clients, f"enqueue REST x{clients}") as progress:
+                async def client() -> None:
+                    for i in range(per_client):
+                        r = await http.post("/api/v1/tasks", json={"task_name": "noop", "queue": ENQUEUE_QUEUE,
+                                                                   "input": {"i": i}})
+                        r.raise_for_status()
+                        progress.update(1)
+
+                await http.get("/healthz")
+                start = time.perf_counter()
+                await asyncio.gather(*(client() for _ in range(clients)))
+                return time.perf_counter() - start
+
+    seconds = asyncio.run(main())
+    return _result(count // clients * clients, seconds, clients=clients)
+
+
+def rest_batch(url: str, api_key: str, batches: int, size: int = 1000) -> dict[str, Any]:
+    """POST /api/v1/tasks/batch with `size` tasks per call, one call after another."""
+    headers = {"Authorization": f"Bearer {api_key}"}
+    body = {"tasks": [{"task_name": "noop", "queue": ENQUEUE_QUEUE, "input": {"i": i}} for i in range(size)]}
+    with httpx.Client(base_url=url, headers=headers, timeout=120) as http, \
+            bar(batches * size, f"enqueue REST batch of {size}") as progress:
+        http.get("/healthz")
+        start = time.perf_counter()
+        for _ in range(batches):
+            r = http.post("/api/v1/tasks/batch", json=body)
+            r.raise_for_status()
+            progress.update(size)
+        seconds = time.perf_counter() - start
+    return _result(batches * size, seconds, batch_size=size)
+
+
+def grpc_single(addr: str, count: int, clients: int = 8) -> dict[str, Any]:
+    """ApiService/CreateTask from `clients` concurrent callers on one channel."""
+    import grpc
+
+    from valka.v1 import api_pb2, api_pb2_grpc
+
+    async def main() -> float:
+        async with grpc.aio.insecure_channel(addr) as channel:
+            stub = api_pb2_grpc.ApiServiceStub(channel)
+            per_client = count // clients
+            with bar(per_client * clients, f"enqueue gRPC x{clients}") as progress:
+                async def client() -> None:
+                    for i in range(per_client):
+                        await stub.CreateTask(api_pb2.CreateTaskRequest(
+                            queue_name=ENQUEUE_QUEUE, task_name="noop", input=f'{{"i": {i}}}'))
+                        progress.update(1)
+
+                await channel.channel_ready()
+                start = time.perf_counter()
+                await asyncio.gather(*(client() for _ in range(clients)))
+                return time.perf_counter() - start
+
+    seconds = asyncio.run(main())
+    return _result(count // clients * clients, seconds, clients=clients)
+
+
+def cleanup(database_url: str) -> None:
+    import psycopg
+
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM tasks WHERE queue = %s", (ENQUEUE_QUEUE,))
+        conn.execute("VACUUM ANALYZE tasks")

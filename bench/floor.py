@@ -1,0 +1,72 @@
+"""The raw-SQL floor: what PostgreSQL alone does for a queue on this machine, with no Python
+task handling and no network hop beyond psycopg, in a bare table of its own database (the
+queue's own tables and triggers are untouched). Drain: rows claimed 100 at a time with
+SKIP LOCKED, then marked done (two commits per 100), by two connections. Enqueue: one
+INSERT and one commit per row, from one connection.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+import psycopg
+
+from bench.measure import rounds_summary, wait_until_done
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS floor_jobs (
+    id bigserial PRIMARY KEY, queue text NOT NULL, status text NOT NULL, payload jsonb,
+    created_at timestamptz NOT NULL DEFAULT now(), finished_at timestamptz);
+CREATE INDEX IF NOT EXISTS floor_jobs_pending ON floor_jobs (queue, id) WHERE status = 'pending';
+"""
+CLAIM = """
+UPDATE floor_jobs SET status = 'running' WHERE id IN (
+    SELECT id FROM floor_jobs WHERE status = 'pending' AND queue = 'floor' ORDER BY id
+    LIMIT 100 FOR UPDATE SKIP LOCKED)
+RETURNING id
+"""
+FINISH = "UPDATE floor_jobs SET status = 'done', finished_at = now() WHERE id = ANY(%s)"
+
+
+def drain(database_url: str, *, n: int, rounds: int, connections: int = 2) -> dict[str, Any]:
+    rates = []
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        for r in range(rounds):
+            conn.execute("TRUNCATE floor_jobs")
+            conn.execute("INSERT INTO floor_jobs (queue, status, payload) "
+                         "SELECT 'floor', 'pending', '{}' FROM generate_series(1, %s)", (n,))
+            conn.execute("VACUUM ANALYZE floor_jobs")
+            start = time.time()
+            threads = [threading.Thread(target=_consume, args=(database_url,)) for _ in range(connections)]
+            for t in threads:
+                t.start()
+            wait_until_done(lambda: conn.execute("SELECT count(*) FROM floor_jobs WHERE status = 'done'")
+                            .fetchone()[0], n, f"raw SQL floor {r + 1}/{rounds}", 120)  # type: ignore[index]
+            for t in threads:
+                t.join()
+            last = conn.execute("SELECT max(finished_at) FROM floor_jobs").fetchone()[0]  # type: ignore[index]
+            rates.append(n / max(last.timestamp() - start, 1e-6))
+    return rounds_summary(rates, n=n, connections=connections)
+
+
+def _consume(database_url: str) -> None:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        while True:
+            ids = [row[0] for row in conn.execute(CLAIM).fetchall()]
+            if not ids:
+                return
+            conn.execute(FINISH, (ids,))
+
+
+def enqueue_single(database_url: str, count: int) -> dict[str, Any]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute(SCHEMA)
+        start = time.perf_counter()
+        for i in range(count):
+            conn.execute("INSERT INTO floor_jobs (queue, status, payload) VALUES ('single', 'pending', %s)",
+                         (f'{{"i": {i}}}',))
+        seconds = time.perf_counter() - start
+    return {"rate_per_s": count / seconds, "count": count}

@@ -1,0 +1,137 @@
+"""One table on stdout; the raw figures as JSON and a chart as PNG under bench/results/."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+# (label, unit, target, Valka's figure, the peers' figure, higher is better)
+Row = tuple[str, str, str, Any, dict[str, Any], bool]
+
+
+def _get(data: dict[str, Any] | None, *path: str) -> Any:
+    for key in path:
+        if not isinstance(data, dict) or key not in data:
+            return None
+        data = data[key]
+    return data
+
+
+def rows(results: dict[str, Any]) -> list[Row]:
+    v = results.get("valka", {})
+    peers = results.get("peers", {})
+
+    def peer(*path: str) -> dict[str, Any]:
+        return {name: _get(figures, *path) for name, figures in peers.items()}
+
+    none = dict.fromkeys(peers)
+    out: list[Row] = [
+        ("enqueue, in-process, 1 caller", "tasks/s", "≥ 3,000", _get(v, "enqueue", "in_process_x1", "rate_per_s"),
+         peer("enqueue_single", "rate_per_s"), True),
+        ("enqueue, in-process, 8 threads", "tasks/s", "", _get(v, "enqueue", "in_process_x8", "rate_per_s"),
+         none, True),
+        ("enqueue, REST single, 8 clients", "tasks/s", "≥ 1,500", _get(v, "enqueue", "rest_x8", "rate_per_s"),
+         none, True),
+        ("enqueue, REST batch of 1,000", "tasks/s", "≥ 25,000", _get(v, "enqueue", "rest_batch", "rate_per_s"),
+         peer("enqueue_batch", "rate_per_s"), True),
+        ("enqueue, gRPC CreateTask, 8 callers", "tasks/s", "", _get(v, "enqueue", "grpc_x8", "rate_per_s"),
+         none, True),
+        ("drain (no-op tasks)", "tasks/s", "≈ 5,000", _get(v, "drain", "rate_per_s"),
+         peer("drain", "rate_per_s"), True),
+        ("idle-worker latency p50", "ms", "≤ 3", _get(v, "latency", "p50_ms"), peer("latency", "p50_ms"), False),
+        ("idle-worker latency p99", "ms", "≤ 8", _get(v, "latency", "p99_ms"), peer("latency", "p99_ms"), False),
+        ("drain, big table", "tasks/s", "within 20%", _get(v, "scale", "drain", "rate_per_s"), none, True),
+        ("latency p50, big table", "ms", "within 20%", _get(v, "scale", "latency", "p50_ms"), none, False),
+        ("latency p99, big table", "ms", "within 20%", _get(v, "scale", "latency", "p99_ms"), none, False),
+        ("raw-SQL floor: drain, 2 connections", "tasks/s", "", _get(v, "floor", "rate_per_s"), none, True),
+        ("raw-SQL floor: INSERT + commit, 1 caller", "tasks/s", "", _get(v, "floor", "enqueue_single", "rate_per_s"),
+         none, True),
+        ("dispatcher RSS, idle", "MiB", "", _get(v, "memory", "dispatcher_mib"), none, False),
+        ("dispatcher RSS, 1,000 idle workers", "MiB", "", _get(v, "memory", "idle_workers", "dispatcher_rss_mib"),
+         none, False),
+        ("worker RSS (after drain)", "MiB", "", _get(v, "memory", "worker_mib"),
+         peer("worker_rss_after_mib"), False),
+    ]
+    return [row for row in out if row[3] is not None]
+
+
+def _fmt(value: Any, unit: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "—"
+    if unit == "ms":
+        return f"{value:.1f}"
+    if unit == "MiB":
+        return f"{value:.0f}"
+    return f"{value:,.0f}"
+
+
+def _ratio(ours: Any, theirs: Any, higher_is_better: bool) -> str:
+    if not ours or not theirs:
+        return "—"
+    return f"{ours / theirs if higher_is_better else theirs / ours:.1f}×"
+
+
+def table(results: dict[str, Any]) -> str:
+    """Markdown: Valka's figures, the targets of issue 8, and each peer with Valka's advantage
+    (its figure ÷ the peer's for rates, the peer's ÷ its own for times and memory: above 1× Valka leads)."""
+    peers = list(results.get("peers", {}))
+    head = ["workload", "unit", "target", "Valka"]
+    for name in peers:
+        head += [name, "Valka ×"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, unit, target, ours, theirs, higher in rows(results):
+        cells = [label, unit, target, _fmt(ours, unit)]
+        for name in peers:
+            cells += [_fmt(theirs.get(name), unit), _ratio(ours, theirs.get(name), higher)]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def write(results: dict[str, Any], name: str, folder: Path = RESULTS) -> tuple[Path, Path]:
+    folder.mkdir(parents=True, exist_ok=True)
+    raw = folder / f"{name}.json"
+    raw.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    png = folder / f"{name}.png"
+    chart(results, png)
+    return raw, png
+
+
+def chart(results: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    systems = ["Valka", *results.get("peers", {})]
+    figures = [results.get("valka", {}), *results.get("peers", {}).values()]
+    panels = [
+        ("Enqueue, 1 caller (tasks/s)", lambda f: _get(f, "enqueue", "in_process_x1", "rate_per_s")
+         or _get(f, "enqueue_single", "rate_per_s")),
+        ("Batch enqueue (tasks/s)", lambda f: _get(f, "enqueue", "rest_batch", "rate_per_s")
+         or _get(f, "enqueue_batch", "rate_per_s")),
+        ("Drain (tasks/s)", lambda f: _get(f, "drain", "rate_per_s")),
+        ("Latency p50 / p99 (ms)", None),
+    ]
+    fig, axes = plt.subplots(1, len(panels), figsize=(12, 3.2), dpi=80)
+    colours = ["#2b6cb0", "#c05621", "#2f855a", "#6b46c1"]
+    for ax, (title, pick) in zip(axes, panels, strict=True):
+        ax.set_title(title, fontsize=9)
+        ax.tick_params(labelsize=8)
+        if pick is None:
+            for i, f in enumerate(figures):
+                p50, p99 = _get(f, "latency", "p50_ms"), _get(f, "latency", "p99_ms")
+                if p50 is not None:
+                    ax.bar([i - 0.2, i + 0.2], [p50, p99], width=0.38, color=colours[i % 4], alpha=0.9)
+            ax.set_xticks(range(len(systems)), systems)
+            continue
+        values = [pick(f) or 0 for f in figures]
+        ax.bar(range(len(systems)), values, color=colours[: len(systems)])
+        ax.set_xticks(range(len(systems)), systems)
+    fig.suptitle("Valka benchmark (2 cores, PostgreSQL with fsync on)", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

@@ -1,0 +1,181 @@
+"""The benchmark run: one private durable PostgreSQL, Valka's stack, the workloads, the report.
+
+Sizes come from arguments or BENCH_* environment variables (see `options()`); the
+defaults finish in under ten minutes on two cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from contextlib import contextmanager
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from bench import report
+from bench.stack import ROOT, BenchStack, cluster, create_database, listening, wait_for
+
+PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+
+
+def options(argv: list[str] | None) -> argparse.Namespace:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
+    p.add_argument("--n", type=int, default=int(env("BENCH_N", 10_000)), help="tasks per drain round")
+    p.add_argument("--workers", type=int, default=int(env("BENCH_WORKERS", 1)), help="worker processes (W)")
+    p.add_argument("--concurrency", type=int, default=int(env("BENCH_CONCURRENCY", 64)),
+                   help="tasks in flight per worker process (C)")
+    p.add_argument("--rounds", type=int, default=int(env("BENCH_ROUNDS", 3)), help="drain rounds (median)")
+    p.add_argument("--enqueue-count", type=int, default=int(env("BENCH_ENQUEUE_COUNT", 2000)))
+    p.add_argument("--batches", type=int, default=int(env("BENCH_BATCHES", 20)), help="REST batches of 1,000")
+    p.add_argument("--latency-count", type=int, default=int(env("BENCH_LATENCY_COUNT", 200)))
+    p.add_argument("--latency-rate", type=float, default=float(env("BENCH_LATENCY_RATE", 20)))
+    p.add_argument("--web-processes", type=int, default=int(env("BENCH_WEB_PROCESSES", 2)))
+    p.add_argument("--finished", type=int, default=int(env("BENCH_SCALE_FINISHED", 1_000_000)))
+    p.add_argument("--future", type=int, default=int(env("BENCH_SCALE_FUTURE", 100_000)))
+    p.add_argument("--idle-workers", type=int, default=int(env("BENCH_IDLE_WORKERS", 1000)))
+    p.add_argument("--skip", default=env("BENCH_SKIP", ""),
+                   help="comma-separated: enqueue,drain,latency,floor,scale,memory")
+    p.add_argument("--peers", action="store_true", help="also run Celery+Redis and Procrastinate")
+    p.add_argument("--celery-concurrency", type=int, default=int(env("BENCH_CELERY_CONCURRENCY", 2)))
+    p.add_argument("--procrastinate-concurrency", type=int, default=int(env("BENCH_PROCRASTINATE_CONCURRENCY", 8)))
+    p.add_argument("--name", default=None, help="results file name (default: valka, or peers with --peers)")
+    return p.parse_args(argv)
+
+
+def setup_django(database_url: str) -> None:
+    os.environ.update(DATABASE_URL=database_url, DJANGO_SETTINGS_MODULE="valka.settings",
+                      VALKA_LOG_LEVEL="WARNING")
+    import django
+    from django.core.management import call_command
+
+    django.setup()
+    call_command("migrate", verbosity=0)
+
+
+def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
+    from bench import drain, enqueue, floor, memory, scale
+    from tasks.api.auth import api_key_create
+
+    skip = set(filter(None, opts.skip.split(",")))
+    out: dict[str, Any] = {"config": {"workers": opts.workers, "concurrency": opts.concurrency, "n": opts.n,
+                                      "rounds": opts.rounds, "web_processes": opts.web_processes}}
+    url = stack.database_url
+    dispatcher, addr = stack.dispatcher()
+    workers = stack.workers(addr, count=opts.workers, concurrency=opts.concurrency,
+                            queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE])
+    out["memory"] = {"dispatcher_idle_start_mib": memory.rss({"d": dispatcher})["d"],
+                     "worker_idle_start_mib": memory.rss({"w": workers[0]})["w"]}
+    if "enqueue" not in skip:
+        _, web = stack.web(processes=opts.web_processes)
+        key = api_key_create(name="bench")[1]
+        out["enqueue"] = {
+            "in_process_x1": enqueue.in_process(opts.enqueue_count),
+            "in_process_x8": enqueue.in_process(opts.enqueue_count * 2, threads=8),
+            "rest_x8": enqueue.rest_single(web, key, opts.enqueue_count),
+            "rest_batch": enqueue.rest_batch(web, key, opts.batches),
+            "grpc_x8": enqueue.grpc_single(addr, opts.enqueue_count),
+        }
+        enqueue.cleanup(url)
+    if "drain" not in skip:
+        out["drain"] = drain.drain(url, n=opts.n, rounds=opts.rounds)
+        out["memory"]["worker_mib"] = memory.rss({"w": workers[0]})["w"]
+    if "latency" not in skip:
+        out["latency"] = drain.latency(url, count=opts.latency_count, rate=opts.latency_rate)
+    if "floor" not in skip:
+        floor_url = create_database(url, "floor")
+        out["floor"] = {**floor.drain(floor_url, n=opts.n, rounds=opts.rounds),
+                        "enqueue_single": floor.enqueue_single(floor_url, opts.enqueue_count)}
+    out["memory"]["dispatcher_mib"] = memory.rss({"d": dispatcher})["d"]
+    if "memory" not in skip:
+        out["memory"]["idle_workers"] = memory.many_workers(stack, dispatcher, addr, opts.idle_workers)
+    if "scale" not in skip:
+        print("seeding the big table ...", file=sys.stderr, flush=True)
+        seeded = scale.seed(url, finished=opts.finished, future=opts.future,
+                            queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE])
+        out["scale"] = {"seed": seeded,
+                        "drain": drain.drain(url, n=opts.n, rounds=opts.rounds, label="drain, big table"),
+                        "latency": drain.latency(url, count=opts.latency_count, rate=opts.latency_rate,
+                                                 label="latency, big table")}
+    return out
+
+
+@contextmanager
+def redis_server(workdir: Path):
+    """Debian's redis-server on a private loopback port, with its default persistence off."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise SystemExit("make bench-peers needs redis-server (apt-get install redis-server)")
+    from valka.devdb import free_port
+
+    port = free_port()
+    proc = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--save", "", "--appendonly",
+                             "no", "--dir", str(workdir)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        wait_for(lambda: listening(port), 20, "redis-server")
+        yield f"redis://127.0.0.1:{port}"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def run_peers(opts: argparse.Namespace, database_url: str, workdir: Path) -> dict[str, Any]:
+    if not PEERS_PYTHON.exists():
+        raise SystemExit("the peers' virtualenv is missing: run `make bench-peers`")
+    common = ["--n", str(opts.n), "--rounds", str(opts.rounds), "--enqueue-count", str(opts.enqueue_count),
+              "--batches", str(opts.batches), "--latency-count", str(opts.latency_count),
+              "--latency-rate", str(opts.latency_rate), "--celery-concurrency", str(opts.celery_concurrency),
+              "--procrastinate-concurrency", str(opts.procrastinate_concurrency)]
+    out = {}
+    with redis_server(workdir) as redis_url:
+        for peer, extra in (("celery", ["--redis-url", redis_url]),
+                            ("procrastinate", ["--procrastinate-url", create_database(database_url,
+                                                                                       "procrastinate")])):
+            proc = subprocess.run([str(PEERS_PYTHON), "-m", "bench.peers.run", peer, *common, *extra], cwd=ROOT,
+                                  stdout=subprocess.PIPE, text=True, check=True)
+            out[peer] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
+
+
+def machine() -> dict[str, Any]:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True)
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), platform.processor())
+    return {"date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": commit.stdout.strip(),
+            "cores": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
+            "load_average_at_start": os.getloadavg()}
+
+
+def main(argv: list[str] | None = None) -> int:
+    opts = options(argv)
+    began = time.monotonic()
+    results: dict[str, Any] = {"machine": machine()}
+    with tempfile.TemporaryDirectory(prefix="valka-bench-") as tmp, cluster(durable=True) as pg:
+        workdir = Path(tmp)
+        results["machine"]["postgres"] = "fsync on, synchronous_commit on (devdb.Cluster durable)"
+        setup_django(pg.url)
+        stack = BenchStack(pg.url, workdir)
+        try:
+            results["valka"] = run_valka(opts, stack)
+        except BaseException:
+            for proc in stack.procs:
+                print(f"--- {proc.name}\n{stack.log_tail(proc)}", file=sys.stderr)  # type: ignore[attr-defined]
+            raise
+        finally:
+            stack.stop_all()
+        if opts.peers:
+            results["peers"] = run_peers(opts, pg.url, workdir)
+    results["machine"]["seconds"] = round(time.monotonic() - began)
+    raw, png = report.write(results, opts.name or ("peers" if opts.peers else "valka"))
+    print(report.table(results))
+    print(f"\n{results['machine']['cores']} cores ({results['machine']['cpu']}), "
+          f"{results['machine']['seconds']} s; raw figures: {raw.relative_to(ROOT)}, chart: {png.relative_to(ROOT)}")
+    return 0

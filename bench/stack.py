@@ -1,0 +1,156 @@
+"""The processes a benchmark runs against: its own durable PostgreSQL, the dispatcher, the web
+app and SDK workers, all on loopback. Everything started here is stopped by `stop_all()`."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import psycopg
+
+from valka import devdb
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+def listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+def rss_kib(pid: int) -> int:
+    """Resident memory of a process, from /proc (KiB)."""
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1])
+    return 0
+
+
+@contextlib.contextmanager
+def cluster(durable: bool = True) -> Iterator[devdb.Cluster]:
+    """A private PostgreSQL (fsync on unless durable=False) in a temporary folder, removed afterwards."""
+    folder = Path(tempfile.mkdtemp(prefix="valka-bench-pg-"))
+    pg = devdb.Cluster(folder, devdb.free_port(), durable=durable)
+    try:
+        pg.start()
+        yield pg
+    finally:
+        try:
+            pg.stop("immediate")
+        finally:
+            shutil.rmtree(folder, ignore_errors=True)
+            shutil.rmtree(pg.socket_dir, ignore_errors=True)
+
+
+def create_database(admin_url: str, name: str) -> str:
+    """Create database `name` on the server of `admin_url` (if missing); returns its URL."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        if not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,)).fetchone():
+            conn.execute(f'CREATE DATABASE "{name}"')
+    return admin_url.rsplit("/", 1)[0] + f"/{name}"
+
+
+class BenchStack:
+    """Starts the stack's processes against `database_url`; logs go to `workdir`."""
+
+    def __init__(self, database_url: str, workdir: Path) -> None:
+        self.database_url = database_url
+        self.workdir = workdir
+        self.procs: list[subprocess.Popen] = []
+        self.env = dict(os.environ, DATABASE_URL=database_url, PYTHONUNBUFFERED="1", VALKA_LOG_LEVEL="WARNING")
+        self.env.pop("VALKA_DB_POOL", None)  # the processes run with their defaults
+
+    def spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
+        log = open(self.workdir / f"{name}.log", "ab")  # noqa: SIM115 (closed with the process)
+        proc = subprocess.Popen(cmd, cwd=ROOT, env={**self.env, **(env or {})}, stdout=log,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        proc.name = name  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def _await_port(self, proc: subprocess.Popen, port: int, what: str) -> None:
+        wait_for(lambda: listening(port) or proc.poll() is not None, 60, what)
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited:\n{self.log_tail(proc)}")
+
+    def dispatcher(self, **env: str) -> tuple[subprocess.Popen, str]:
+        port = devdb.free_port()
+        addr = f"127.0.0.1:{port}"
+        proc = self.spawn(f"dispatcher-{port}", [sys.executable, "manage.py", "run_dispatcher", "--addr", addr], env)
+        self._await_port(proc, port, f"the dispatcher on {addr}")
+        return proc, addr
+
+    def web(self, processes: int = 1, **env: str) -> tuple[subprocess.Popen, str]:
+        port = devdb.free_port()
+        cmd = [sys.executable, "-m", "uvicorn", "valka.asgi:application", "--host", "127.0.0.1",
+               "--port", str(port), "--no-access-log", "--log-level", "warning"]
+        if processes > 1:
+            cmd += ["--workers", str(processes)]
+        proc = self.spawn(f"web-{port}", cmd, env)
+        self._await_port(proc, port, "the web app")
+        return proc, f"http://127.0.0.1:{port}"
+
+    def workers(self, server: str, *, count: int, concurrency: int, queues: list[str],
+                prefix: str = "bench") -> list[subprocess.Popen]:
+        """Start `count` SDK worker processes and wait until the dispatcher has them all."""
+        names = [f"{prefix}-{i}" for i in range(count)]
+        procs = [self.spawn(f"worker-{name}", [sys.executable, "-m", "bench.worker_app"], {
+            "BENCH_SERVER": server, "BENCH_QUEUES": ",".join(queues), "BENCH_CONCURRENCY": str(concurrency),
+            "BENCH_NAME": name,
+        }) for name in names]
+
+        def connected() -> bool:
+            for proc in procs:
+                if proc.poll() is not None:
+                    raise RuntimeError(f"a worker exited:\n{self.log_tail(proc)}")
+            with psycopg.connect(self.database_url, autocommit=True) as conn:
+                row = conn.execute("SELECT count(*) FROM workers WHERE status = 'CONNECTED' AND name = ANY(%s)",
+                                   (names,)).fetchone()
+            return bool(row and row[0] == count)
+
+        wait_for(connected, 60, f"{count} workers to connect", interval=0.2)
+        return procs
+
+    def stop(self, proc: subprocess.Popen, timeout: float = 10.0) -> None:
+        """SIGTERM (a graceful drain), then SIGKILL if it lingers."""
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(10)
+        if proc in self.procs:
+            self.procs.remove(proc)
+
+    def stop_all(self) -> None:
+        for proc in reversed(list(self.procs)):
+            self.stop(proc, timeout=5.0)
+
+    def log_tail(self, proc: subprocess.Popen, size: int = 3000) -> str:
+        path = self.workdir / f"{proc.name}.log"  # type: ignore[attr-defined]
+        return path.read_text(errors="replace")[-size:] if path.exists() else ""

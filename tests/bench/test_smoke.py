@@ -1,0 +1,41 @@
+"""The benchmark harness works (tiny sizes, no timing asserted): `make bench` itself is not part of the suite."""
+
+import time
+
+import pytest
+
+from bench import drain, measure, report
+from bench.stack import BenchStack
+from tests.helpers import database_url
+
+
+@pytest.fixture
+def quiet(monkeypatch):
+    monkeypatch.setattr(measure, "PROGRESS", False)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
+    started = time.monotonic()
+    stack = BenchStack(database_url(), tmp_path)
+    try:
+        _, addr = stack.dispatcher()
+        stack.workers(addr, count=1, concurrency=8, queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE])
+        drained = drain.drain(database_url(), n=50, rounds=1, timeout=20)
+        assert drained["n"] == 50 and len(drained["rounds"]) == 1 and drained["rate_per_s"] > 0
+        waited = drain.latency(database_url(), count=5, rate=50)
+        assert waited["samples"] == 5 and 0 < waited["p50_ms"] <= waited["p99_ms"] < 5000
+    finally:
+        stack.stop_all()
+    assert time.monotonic() - started < 20
+
+
+def test_percentiles_and_the_table():
+    assert measure.percentile([5, 1, 4, 2, 3], 50) == 3
+    assert measure.percentile(list(range(1, 101)), 99) == 99
+    results = {"valka": {"drain": {"rate_per_s": 5000.0}, "latency": {"p50_ms": 2.0, "p99_ms": 6.0}},
+               "peers": {"celery": {"drain": {"rate_per_s": 1000.0}, "latency": {"p50_ms": 3.0, "p99_ms": 4.0}}}}
+    text = report.table(results)
+    assert "| drain (no-op tasks) | tasks/s | ≈ 5,000 | 5,000 | 1,000 | 5.0× |" in text
+    assert "| idle-worker latency p50 | ms | ≤ 3 | 2.0 | 3.0 | 1.5× |" in text
