@@ -134,13 +134,14 @@ def run_peers(opts: argparse.Namespace, database_url: str, workdir: Path) -> dic
               "--batches", str(opts.batches), "--latency-count", str(opts.latency_count),
               "--latency-rate", str(opts.latency_rate), "--celery-concurrency", str(opts.celery_concurrency),
               "--procrastinate-concurrency", str(opts.procrastinate_concurrency)]
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "VALKA_")) and k != "DATABASE_URL"}
     out = {}
     with redis_server(workdir) as redis_url:
         for peer, extra in (("celery", ["--redis-url", redis_url]),
                             ("procrastinate", ["--procrastinate-url", create_database(database_url,
                                                                                        "procrastinate")])):
             proc = subprocess.run([str(PEERS_PYTHON), "-m", "bench.peers.run", peer, *common, *extra], cwd=ROOT,
-                                  stdout=subprocess.PIPE, text=True, check=True)
+                                  env=env, stdout=subprocess.PIPE, text=True, check=True)
             out[peer] = json.loads(proc.stdout.strip().splitlines()[-1])
     return out
 

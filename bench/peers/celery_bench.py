@@ -36,9 +36,10 @@ def _finished_at(r: redis.Redis, ids: list[str]) -> list[float]:
 
 
 def run(args: Any, workdir: Path) -> dict[str, Any]:
+    os.environ["BENCH_REDIS_URL"] = args.redis_url
     from bench.peers.celery_app import app, noop, stamp
 
-    env = dict(os.environ, BENCH_REDIS_URL=args.redis_url)
+    env = dict(os.environ)
     results = redis.Redis.from_url(f"{args.redis_url}/1")
     broker = redis.Redis.from_url(f"{args.redis_url}/0")
     out: dict[str, Any] = {"worker": f"prefork -c {args.celery_concurrency}"}

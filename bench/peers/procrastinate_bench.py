@@ -22,12 +22,12 @@ from bench.measure import bar, latency_summary, rounds_summary, wait_until_done
 
 
 def run(args: Any, workdir: Path) -> dict[str, Any]:
-    from bench.peers.procrastinate_app import app, noop, stamp
-
     url = args.procrastinate_url
     stamps = workdir / "procrastinate-stamps.txt"
-    env = dict(os.environ, BENCH_PROCRASTINATE_URL=url, BENCH_STAMPS=str(stamps))
     os.environ.update(BENCH_PROCRASTINATE_URL=url, BENCH_STAMPS=str(stamps))
+    env = dict(os.environ)
+    from bench.peers.procrastinate_app import app, noop, stamp
+
     subprocess.run([sys.executable, "-m", "procrastinate", "--app", "bench.peers.procrastinate_app.app",
                     "schema", "--apply"], env=env, check=True, capture_output=True)
     out: dict[str, Any] = {"worker": f"-c {args.procrastinate_concurrency}"}
