@@ -111,60 +111,69 @@ class Flusher:
                 backoff = min(backoff * 2, 5.0)
 
     async def flush_once(self) -> None:
-        pool = self.node.pool
+        """Write everything buffered in ONE transaction: one commit (one WAL flush) per pass.
+
+        Starts go first, so a result of a run started in this same pass finds its run row.
+        On any error the whole pass rolls back and every item goes back to its buffer.
+        """
         starts, self._starts = self._starts, []
-        if starts:
-            try:
-                await self._flush_starts(pool, starts)
-            except BaseException:
-                self._starts[:0] = starts
-                raise
-        ready = [r for r in self._results if r.gate is None or r.gate.started.done()]
-        if ready:
-            self._results = [r for r in self._results if not (r.gate is None or r.gate.started.done())]
-            try:
-                await self._flush_results(pool, ready)
-            except BaseException:
-                self._results[:0] = ready
-                raise
+        starting = {id(entry) for entry, _ in starts}
+
+        def ready(gate: InFlight | None) -> bool:
+            return gate is None or gate.started.done() or id(gate) in starting
+
+        results = [r for r in self._results if ready(r.gate)]
+        self._results = [r for r in self._results if not ready(r.gate)]
+        lines = [line for line in self._logs if ready(line.gate)]
+        self._logs = [line for line in self._logs if not ready(line.gate)]
         beats, self._heartbeats = self._heartbeats, []
         heard, self._heard = self._heard, set()
-        if beats or heard:
-            async with pool.connection() as conn:
+        try:
+            async with self.node.pool.connection() as conn, conn.transaction():
+                started = await self._write_starts(conn, starts) if starts else set()
+                if results:
+                    await self._write_results(conn, results)
                 if beats:
                     await conn.execute(sql.HEARTBEAT, {
                         "worker_ids": [w for w, _ in beats], "task_ids": [t for _, t in beats],
                         "extension": self.node.settings.lease_extension,
                     })
-                await conn.execute(sql.WORKERS_HEARD, {"worker_ids": sorted(heard)})
-        lines = [line for line in self._logs if line.gate is None or line.gate.started.done()]
-        if lines:
-            self._logs = [line for line in self._logs if not (line.gate is None or line.gate.started.done())]
-            async with pool.connection() as conn:
-                await conn.execute(sql.INSERT_LOGS, {
-                    "run_ids": [line.run_id for line in lines], "ts_ms": [line.ts_ms for line in lines],
-                    "levels": [line.level for line in lines], "messages": [line.message for line in lines],
-                    "metadata": [line.metadata for line in lines],
-                })
+                if heard:
+                    await conn.execute(sql.WORKERS_HEARD, {"worker_ids": sorted(heard)})
+                if lines:
+                    await conn.execute(sql.INSERT_LOGS, {
+                        "run_ids": [line.run_id for line in lines], "ts_ms": [line.ts_ms for line in lines],
+                        "levels": [line.level for line in lines], "messages": [line.message for line in lines],
+                        "metadata": [line.metadata for line in lines],
+                    })
+        except BaseException:
+            self._starts[:0] = starts
+            self._results[:0] = results
+            self._logs[:0] = lines
+            self._heartbeats[:0] = beats
+            self._heard |= heard
+            raise
+        self._settle_starts(starts, started)
         if self._results or self._logs:
-            # Some wait for a start in flight elsewhere; look again shortly.
+            # Some wait for a start still on its way from a stream handler; look again shortly.
             await asyncio.sleep(0.001)
             self._wake.set()
 
-    async def _flush_starts(self, pool: Any, starts: list[tuple[InFlight, str]]) -> None:
-        async with pool.connection() as conn:
-            cur = await conn.execute(sql.START_RUNS, {
-                "task_ids": [e.task_id for e, _ in starts],
-                "run_ids": [e.run_id for e, _ in starts],
-                "worker_ids": [w for _, w in starts],
-                "node_id": self.node.settings.node_id,
-            })
-            rows = await cur.fetchall()
-            started = {str(task_id) for task_id, _ in rows}
-            with_signals = [str(task_id) for task_id, has_signals in rows if has_signals]
-            if with_signals:
-                # Signals sent while the task waited go out right after its assignment.
-                await self.node.signal_handler.deliver(with_signals, conn)
+    async def _write_starts(self, conn: Any, starts: list[tuple[InFlight, str]]) -> set[str]:
+        cur = await conn.execute(sql.START_RUNS, {
+            "task_ids": [e.task_id for e, _ in starts],
+            "run_ids": [e.run_id for e, _ in starts],
+            "worker_ids": [w for _, w in starts],
+            "node_id": self.node.settings.node_id,
+        })
+        rows = await cur.fetchall()
+        with_signals = [str(task_id) for task_id, has_signals in rows if has_signals]
+        if with_signals:
+            # Signals sent while the task waited go out right after its assignment.
+            await self.node.signal_handler.deliver(with_signals, conn)
+        return {str(task_id) for task_id, _ in rows}
+
+    def _settle_starts(self, starts: list[tuple[InFlight, str]], started: set[str]) -> None:
         for entry, _ in starts:
             ok = entry.task_id in started
             if not entry.started.done():
@@ -173,21 +182,20 @@ class Flusher:
                 # Cancelled between claim and send: the worker must stop it.
                 self.node.cancel_on_worker(entry.task_id, "task was cancelled before it started")
 
-    async def _flush_results(self, pool: Any, results: list[Result]) -> None:
+    async def _write_results(self, conn: Any, results: list[Result]) -> None:
         done = [r for r in results if r.success]
         failed = [r for r in results if not r.success and not r.retryable]
         retry = [r for r in results if not r.success and r.retryable]
-        async with pool.connection() as conn, conn.transaction():
-            if done:
-                await outcomes.complete_runs(conn, [r.run_id for r in done], [r.worker_id for r in done],
-                                             [r.value for r in done])
-            if failed:
-                await outcomes.fail_runs(conn, [r.run_id for r in failed], [r.worker_id for r in failed],
-                                         [r.value or "failed" for r in failed])
-            if retry:
-                await outcomes.retry_runs(conn, [r.run_id for r in retry], [r.worker_id for r in retry],
-                                          [r.value or "failed" for r in retry], lost=False,
-                                          retry_params=self.node.settings.retry_params)
+        if done:
+            await outcomes.complete_runs(conn, [r.run_id for r in done], [r.worker_id for r in done],
+                                         [r.value for r in done])
+        if failed:
+            await outcomes.fail_runs(conn, [r.run_id for r in failed], [r.worker_id for r in failed],
+                                     [r.value or "failed" for r in failed])
+        if retry:
+            await outcomes.retry_runs(conn, [r.run_id for r in retry], [r.worker_id for r in retry],
+                                      [r.value or "failed" for r in retry], lost=False,
+                                      retry_params=self.node.settings.retry_params)
 
 
 def valid_uuid(value: str) -> bool:

@@ -17,7 +17,8 @@ from tests.e2e.test_dispatch import _has_scheduler, wait_status
 
 @pytest.fixture
 def api(settings):
-    settings.VALKA = {**settings.VALKA, "API_ANONYMOUS": True}
+    # A generous delivery wait: these tests assert `delivered`, on a machine that may be busy.
+    settings.VALKA = {**settings.VALKA, "API_ANONYMOUS": True, "SIGNAL_DELIVERY_WAIT": 5.0}
     return APIClient()
 
 
@@ -77,7 +78,7 @@ def test_two_dispatchers_the_holder_delivers(stack, tmp_path):
     for t in tasks:
         wait_for(lambda t=t: list(tmp_path.glob(f"{t.id}.started.*")), what="started")
     for t in tasks:
-        s, delivered = services.signal_send(task_id=t.id, signal_type="ping", payload={"to": t.queue})
+        s, delivered = services.signal_send(task_id=t.id, signal_type="ping", payload={"to": t.queue}, wait=5.0)
         assert delivered
     for t, worker_name in zip(tasks, ("a", "b"), strict=True):
         done = wait_status(t.id, "COMPLETED")
@@ -93,7 +94,7 @@ def test_worker_killed_before_ack_gets_the_signal_again_on_the_retry(stack, tmp_
     task = task_services.task_enqueue(task_name="collect_signals", queue="default",
                                       input={"count": 1, "gate": str(tmp_path / "never"), "mark": str(tmp_path)})
     wait_for(lambda: list(tmp_path.glob(f"{task.id}.started.1.{victim.pid}")), what="victim runs it")
-    s, delivered = services.signal_send(task_id=task.id, signal_type="shutdown")
+    s, delivered = services.signal_send(task_id=task.id, signal_type="shutdown", wait=5.0)
     assert delivered and sig(s.id).status == "DELIVERED"
     victim.send_signal(os_signal.SIGKILL)
     stack.worker(addr, name="rescuer", concurrency=1)
@@ -109,7 +110,7 @@ def test_grpc_send_signal(stack, tmp_path):
 
     from valka.v1 import api_pb2, api_pb2_grpc
 
-    _, addr = stack.dispatcher()
+    _, addr = stack.dispatcher(VALKA_SIGNAL_DELIVERY_WAIT="5")
     stack.worker(addr)
     task = task_services.task_enqueue(task_name="collect_signals", queue="default",
                                       input={"count": 1, "mark": str(tmp_path)})
