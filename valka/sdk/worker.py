@@ -95,6 +95,7 @@ class Worker:
         self.metadata = metadata or {}
         self.reconnect_max_delay = reconnect_max_delay
         self._handlers: dict[str, Handler] = {}
+        self._is_async: dict[str, bool] = {}
         self._signal_hook: SignalHook | None = None
         self._running: dict[str, _Running] = {}
         self._outbox: asyncio.Queue[pb.WorkerRequest] | None = None
@@ -110,13 +111,14 @@ class Worker:
         """Register the decorated function as the handler of `name`."""
 
         def register(fn: Handler) -> Handler:
-            self._handlers[name] = fn
+            self.register(name, fn)
             return fn
 
         return register
 
     def register(self, name: str, fn: Handler) -> None:
         self._handlers[name] = fn
+        self._is_async[name] = inspect.iscoroutinefunction(fn)
 
     def on_signal(self, fn: SignalHook) -> SignalHook:
         """Call `fn(ctx, signal)` for every signal to a running task; acknowledged when it returns."""
@@ -287,7 +289,7 @@ class Worker:
         try:
             if handler is None:
                 raise NonRetryableError(f"no handler registered for task {ctx.task_name!r} on worker {self.name}")
-            if inspect.iscoroutinefunction(handler):
+            if self._is_async.get(ctx.task_name, False):
                 output = await handler(ctx)
             else:
                 assert self._loop is not None
@@ -318,7 +320,8 @@ class Worker:
                 for hook in entry.signal_hooks:
                     hook.cancel()
         self.tasks_done += 1
-        await self._flush_now()
+        if self._logs:  # the run's lines reach the server before its result
+            await self._flush_now()
         self._send(pb.WorkerRequest(task_result=result))
 
     def _cancel(self, task_id: str, reason: str) -> None:
