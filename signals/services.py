@@ -12,7 +12,7 @@ from signals.models import Signal, SignalStatus
 from signals.sql import INSERT_SIGNAL
 from tasks import selectors
 from tasks.errors import InvalidState, NotFound, ValidationError
-from tasks.specs import check_json
+from tasks.specs import check_json, check_text
 from valka.conf import valka_settings
 from valka.ids import uuid7
 
@@ -21,13 +21,17 @@ def parse_signal_request(data: Any) -> tuple[str, Any]:
     """`signal_type` (or `signal_name`, as existing clients send it) and an optional JSON payload."""
     if not isinstance(data, dict):
         raise ValidationError("the request body must be a JSON object", {"body": ["must be a JSON object"]})
-    signal_type = data.get("signal_type") or data.get("signal_name")
-    if signal_type is None or signal_type == "":
+    # Each of the two names is validated when present; `signal_type` wins when both are.
+    given = [(name, data[name]) for name in ("signal_type", "signal_name") if name in data]
+    if not given:
         raise ValidationError.field("signal_type", "this field is required")
-    if not isinstance(signal_type, str):
-        raise ValidationError.field("signal_type", "must be a string")
-    if len(signal_type) > 255 or "\x00" in signal_type:
-        raise ValidationError.field("signal_type", "must be at most 255 characters, without NUL")
+    for name, value in given:
+        if not isinstance(value, str) or value == "":
+            raise ValidationError.field(name, "must be a non-empty string")
+        if len(value) > 255:
+            raise ValidationError.field(name, "must be at most 255 characters")
+        check_text(name, value)
+    signal_type = given[0][1]
     payload = data.get("payload")
     check_json("payload", payload, valka_settings.MAX_SIGNAL_PAYLOAD_BYTES)
     return signal_type, payload

@@ -10,7 +10,10 @@ from django.db.models import QuerySet
 
 from tasks.errors import NotFound, ValidationError
 from tasks.models import DeadLetter, Task, TaskLog, TaskRun, Worker
+from tasks.specs import check_text
 from tasks.states import TaskStatus
+
+WORKER_STATUSES = ("CONNECTED", "DISCONNECTED")
 
 
 def parse_id(value: Any, *, what: str) -> uuid.UUID:
@@ -21,6 +24,12 @@ def parse_id(value: Any, *, what: str) -> uuid.UUID:
         return uuid.UUID(str(value))
     except (ValueError, TypeError, AttributeError):
         raise NotFound(f"{what} {value!s:.100} not found") from None
+
+
+def _filter_text(name: str, value: str) -> str:
+    """A filter value PostgreSQL can compare (no NUL, valid Unicode), else VALIDATION_ERROR naming it."""
+    check_text(name, value)
+    return value
 
 
 def task_get(*, task_id: Any) -> Task:
@@ -41,7 +50,7 @@ def task_list(
 ) -> QuerySet[Task]:
     qs = Task.objects.all().order_by("-created_at", "-id")
     if queue:
-        qs = qs.filter(queue=queue)
+        qs = qs.filter(queue=_filter_text("queue", queue))
     if status:
         try:
             qs = qs.filter(status=TaskStatus(status.upper()).value)
@@ -50,7 +59,7 @@ def task_list(
                 "status", f"must be one of {', '.join(s.value for s in TaskStatus)}"
             ) from None
     if task_name:
-        qs = qs.filter(task_name=task_name)
+        qs = qs.filter(task_name=_filter_text("task_name", task_name))
     if created_after:
         qs = qs.filter(created_at__gt=created_after)
     if created_before:
@@ -75,6 +84,8 @@ def run_get(*, task_id: Any, run_id: Any) -> TaskRun:
 def run_logs(*, task_id: Any, run_id: Any, after: int | None = None) -> QuerySet[TaskLog]:
     run = run_get(task_id=task_id, run_id=run_id)
     qs = TaskLog.objects.filter(run_id=run.id).order_by("id")
+    if after is not None and not 0 <= after <= 2**63 - 1:
+        raise ValidationError.field("after", "must be a log id (0 or more)")
     if after is not None:
         qs = qs.filter(id__gt=after)
     return qs
@@ -91,12 +102,14 @@ def dead_letter_get(*, dead_letter_id: Any) -> DeadLetter:
 def dead_letter_list(*, queue: str | None = None) -> QuerySet[DeadLetter]:
     qs = DeadLetter.objects.all().order_by("-created_at", "-id")
     if queue:
-        qs = qs.filter(queue=queue)
+        qs = qs.filter(queue=_filter_text("queue", queue))
     return qs
 
 
 def worker_list(*, status: str | None = None) -> QuerySet[Worker]:
     qs = Worker.objects.all().order_by("-connected_at")
     if status:
+        if status.upper() not in WORKER_STATUSES:
+            raise ValidationError.field("status", f"must be one of {', '.join(WORKER_STATUSES)}")
         qs = qs.filter(status=status.upper())
     return qs

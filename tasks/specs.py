@@ -11,7 +11,7 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 from tasks.errors import PayloadTooLarge, ValidationError
@@ -22,6 +22,8 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_NAME = 255
 MAX_RETRIES_LIMIT = 1000
 TIMEOUT_RANGE = (1, 86400)
+# Deeper JSON is refused: PostgreSQL, psycopg and the JSON renderer all recurse per level.
+MAX_JSON_DEPTH = 100
 
 
 @dataclass(frozen=True)
@@ -46,9 +48,33 @@ def _text(name: str, value: Any, *, required: bool, max_len: int = MAX_NAME) -> 
         raise ValidationError.field(name, "must be a string")
     if len(value) > max_len:
         raise ValidationError.field(name, f"must be at most {max_len} characters")
+    check_text(name, value)
+    return value
+
+
+def check_text(name: str, value: str) -> None:
+    """Refuse what PostgreSQL's text cannot hold: NUL characters, and lone surrogates (not UTF-8)."""
     if "\x00" in value:
         raise ValidationError.field(name, "must not contain NUL characters")
-    return value
+    if not value.isascii():
+        try:
+            value.encode()
+        except UnicodeEncodeError:
+            raise ValidationError.field(name, "must be valid Unicode (no lone surrogates)") from None
+
+
+def json_depth(value: Any) -> int:
+    """How deeply arrays and objects nest in `value` (0 for a scalar), without recursing."""
+    depth, level = 0, [value]
+    while level:
+        containers = [v for v in level if isinstance(v, (list, dict))]
+        if not containers:
+            break
+        depth += 1
+        if depth > MAX_JSON_DEPTH:
+            return depth
+        level = [item for c in containers for item in (c.values() if isinstance(c, dict) else c)]
+    return depth
 
 
 def _int(name: str, value: Any, default: int, lo: int, hi: int) -> int:
@@ -65,14 +91,20 @@ def _int(name: str, value: Any, default: int, lo: int, hi: int) -> int:
 
 
 def check_json(name: str, value: Any, limit: int) -> None:
-    """Refuse a JSON value PostgreSQL cannot store or that is over `limit` bytes."""
+    """Refuse a JSON value PostgreSQL cannot store, nested deeper than MAX_JSON_DEPTH, or over `limit` bytes."""
+    if json_depth(value) > MAX_JSON_DEPTH:
+        raise ValidationError.field(name, f"is nested too deeply (more than {MAX_JSON_DEPTH} levels)")
     try:
         encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
     except (ValueError, TypeError):
         raise ValidationError.field(name, "must be valid JSON (no NaN or Infinity)") from None
     except RecursionError:
         raise ValidationError.field(name, "is nested too deeply") from None
-    if len(encoded.encode()) > limit:
+    try:
+        size = len(encoded.encode())
+    except UnicodeEncodeError:
+        raise ValidationError.field(name, "must be valid Unicode (no lone surrogates)") from None
+    if size > limit:
         raise PayloadTooLarge(
             f"{name}: larger than the limit of {limit} bytes", {name: [f"larger than {limit} bytes"]}
         )
@@ -82,41 +114,54 @@ def check_json(name: str, value: Any, limit: int) -> None:
 
 def parse_datetime(name: str, value: Any) -> datetime | None:
     """RFC 3339 with a time zone (`Z` or an offset), or None for "now"."""
-    if value is None or value == "":
+    if value is None:
         return None
     if isinstance(value, datetime):
         parsed = value
     elif isinstance(value, str) and len(value) <= 64 and "T" in value.upper():
         try:
-            parsed = datetime.fromisoformat(value)
+            # RFC 3339 allows a lower-case "t" and "z".
+            parsed = datetime.fromisoformat(value.upper())
         except ValueError:
             raise ValidationError.field(name, "must be an RFC 3339 date-time with a time zone") from None
     else:
         raise ValidationError.field(name, "must be an RFC 3339 date-time with a time zone")
     if parsed.tzinfo is None or parsed.utcoffset() is None:
         raise ValidationError.field(name, "must include a time zone (Z or an offset)")
-    if not 1 <= parsed.year <= 9999:
-        raise ValidationError.field(name, "is out of range")
-    return parsed
+    try:
+        # In UTC: PostgreSQL refuses offsets beyond ±15:59 that RFC 3339 allows, and the time must
+        # exist in UTC (years 1 to 9999) to be read back.
+        return parsed.astimezone(UTC)
+    except OverflowError:
+        raise ValidationError.field(name, "is out of range (years 1 to 9999 in UTC)") from None
 
 
-def _alias(data: Mapping[str, Any], name: str, alias: str) -> Any:
-    if data.get(name) is not None:
-        return data.get(name)
-    return data.get(alias)
+def _queue(data: Mapping[str, Any], name: str) -> str | None:
+    if name not in data:
+        return None
+    queue = _text(name, data[name], required=True)
+    assert queue is not None
+    if not QUEUE_RE.match(queue):
+        raise ValidationError.field(
+            name, "may contain only letters, digits, '_', '-', '.', ':' and must start with a letter or digit"
+        )
+    return queue
+
+
+def _first(*values: Any) -> Any:
+    return next((v for v in values if v is not None), None)
 
 
 def parse_task_spec(data: Any) -> TaskSpec:
-    """Validate a producer's request. Accepts `queue_name` for `queue` and `scheduled_at` for `run_at`."""
+    """Validate a producer's request. Accepts `queue_name` for `queue` and `scheduled_at` for `run_at`:
+    either may be sent, each is validated when present, and the first wins when both are."""
     if not isinstance(data, Mapping):
         raise ValidationError("the request body must be a JSON object", {"body": ["must be a JSON object"]})
     task_name = _text("task_name", data.get("task_name"), required=True)
-    queue = _text("queue", _alias(data, "queue", "queue_name"), required=True)
-    assert task_name is not None and queue is not None
-    if not QUEUE_RE.match(queue):
-        raise ValidationError.field(
-            "queue", "may contain only letters, digits, '_', '-', '.', ':' and must start with a letter or digit"
-        )
+    queue = _first(_queue(data, "queue"), _queue(data, "queue_name"))
+    if queue is None:
+        raise ValidationError.field("queue", "this field is required")
+    assert task_name is not None
     limit = valka_settings.MAX_PAYLOAD_BYTES
     payload = data.get("input")
     check_json("input", payload, limit)
@@ -138,5 +183,6 @@ def parse_task_spec(data: Any) -> TaskSpec:
             "timeout_seconds", data.get("timeout_seconds"), valka_settings.DEFAULT_TIMEOUT_SECONDS, *TIMEOUT_RANGE
         ),
         idempotency_key=idempotency_key,
-        run_at=parse_datetime("run_at", _alias(data, "run_at", "scheduled_at")),
+        run_at=_first(parse_datetime("run_at", data.get("run_at")),
+                      parse_datetime("scheduled_at", data.get("scheduled_at"))),
     )

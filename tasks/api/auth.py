@@ -11,6 +11,7 @@ import secrets
 from typing import Any
 
 from django.utils import timezone
+from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
 from tasks.models import ApiKey
@@ -63,6 +64,16 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
 
     def authenticate_header(self, request: Any) -> str:
         return self.keyword
+
+
+class ApiKeyScheme(OpenApiAuthenticationExtension):
+    """Documents the API key in the OpenAPI schema (as `ApiKey`, an HTTP bearer scheme)."""
+
+    target_class = ApiKeyAuthentication
+    name = "ApiKey"
+
+    def get_security_definition(self, auto_schema: Any) -> dict[str, str]:
+        return {"type": "http", "scheme": "bearer", "description": "An API key: `Authorization: Bearer vk_...`"}
 
 
 class ApiAccess(permissions.BasePermission):

@@ -10,23 +10,18 @@ from drf_spectacular.types import OpenApiTypes
 from drf_spectacular.utils import OpenApiParameter, extend_schema
 from rest_framework import status, viewsets
 from rest_framework.decorators import action
-from rest_framework.pagination import LimitOffsetPagination
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from tasks import selectors, services
 from tasks.api import serializers as s
 from tasks.api.errors import error_body
+from tasks.api.pagination import Page
 from tasks.errors import ValidationError, ValkaError
 from tasks.specs import parse_datetime
 
 ERRORS = {400: s.ErrorSerializer, 401: s.ErrorSerializer, 404: s.ErrorSerializer, 409: s.ErrorSerializer,
           413: s.ErrorSerializer}
-
-
-class Page(LimitOffsetPagination):
-    default_limit = 50
-    max_limit = 1000
 
 
 def _param(request: Request, *names: str) -> str | None:

@@ -1,0 +1,37 @@
+"""The API's one request parser: JSON, with limits on size and nesting that answer 4xx, never 500.
+
+DRF's JSONParser lets a RecursionError (JSON nested thousands of levels deep)
+escape as a server error and reads a body of any size; this one refuses both
+with the API's error shape.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from django.conf import settings
+from rest_framework.exceptions import ParseError
+from rest_framework.parsers import JSONParser
+
+from tasks.errors import PayloadTooLarge, ValidationError
+
+
+class ValkaJSONParser(JSONParser):
+    def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> Any:
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        raw = stream.read(limit + 1) if stream is not None else b""
+        if len(raw) > limit:
+            raise PayloadTooLarge(f"body: larger than the limit of {limit} bytes",
+                                  {"body": [f"larger than {limit} bytes"]})
+        encoding = (parser_context or {}).get("encoding") or settings.DEFAULT_CHARSET
+        try:
+            return json.loads(raw.decode(encoding), parse_constant=_refuse_constant)
+        except RecursionError:
+            raise ValidationError("body: JSON nested too deeply", {"body": ["JSON nested too deeply"]}) from None
+        except (ValueError, LookupError) as exc:  # UnicodeDecodeError is a ValueError; LookupError: bad charset
+            raise ParseError(f"JSON parse error - {exc}") from None
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
