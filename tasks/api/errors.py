@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from django.conf import settings
+from django.core.exceptions import RequestDataTooBig
 from django.http import Http404
 from rest_framework import exceptions, status
 from rest_framework.response import Response
@@ -33,6 +35,10 @@ def exception_handler(exc: Exception, context: dict[str, Any]) -> Response | Non
         return Response(error_body(exc.code, exc.message, exc.details), status=exc.http_status)
     if isinstance(exc, Http404):
         return Response(error_body("NOT_FOUND", "not found"), status=404)
+    if isinstance(exc, RequestDataTooBig):
+        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+        return Response(error_body("PAYLOAD_TOO_LARGE", f"body: larger than the limit of {limit} bytes",
+                                   {"body": [f"larger than {limit} bytes"]}), status=413)
     response = drf_exception_handler(exc, context)
     if response is None:
         return None

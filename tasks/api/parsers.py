@@ -1,8 +1,9 @@
-"""The API's one request parser: JSON, with limits on size and nesting that answer 4xx, never 500.
+"""The API's one request parser: JSON, whose nesting answers 400, never 500.
 
 DRF's JSONParser lets a RecursionError (JSON nested thousands of levels deep)
-escape as a server error and reads a body of any size; this one refuses both
-with the API's error shape.
+escape as a server error; this one refuses it with the API's error shape. The
+body's size is checked before parsing (Django's DATA_UPLOAD_MAX_MEMORY_SIZE,
+answered 413 by tasks.api.errors).
 """
 
 from __future__ import annotations
@@ -14,16 +15,12 @@ from django.conf import settings
 from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
-from tasks.errors import PayloadTooLarge, ValidationError
+from tasks.errors import ValidationError
 
 
 class ValkaJSONParser(JSONParser):
     def parse(self, stream: Any, media_type: str | None = None, parser_context: dict | None = None) -> Any:
-        limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
-        raw = stream.read(limit + 1) if stream is not None else b""
-        if len(raw) > limit:
-            raise PayloadTooLarge(f"body: larger than the limit of {limit} bytes",
-                                  {"body": [f"larger than {limit} bytes"]})
+        raw = stream.read()
         encoding = (parser_context or {}).get("encoding") or settings.DEFAULT_CHARSET
         try:
             return json.loads(raw.decode(encoding), parse_constant=_refuse_constant)
