@@ -22,6 +22,8 @@ INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_NAME = 255
 MAX_RETRIES_LIMIT = 1000
 TIMEOUT_RANGE = (1, 86400)
+# A \u0000 escape in JSON text (json.dumps writes NUL so), not a backslash-u that is itself escaped.
+_ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # Deeper JSON is refused: PostgreSQL, psycopg and the JSON renderer all recurse per level.
 MAX_JSON_DEPTH = 100
 
@@ -108,7 +110,7 @@ def check_json(name: str, value: Any, limit: int) -> None:
         raise PayloadTooLarge(
             f"{name}: larger than the limit of {limit} bytes", {name: [f"larger than {limit} bytes"]}
         )
-    if "\x00" in encoded or "\\u0000" in encoded:
+    if _ESCAPED_NUL.search(encoded):
         raise ValidationError.field(name, "must not contain NUL characters (PostgreSQL cannot store them)")
 
 

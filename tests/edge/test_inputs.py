@@ -83,6 +83,13 @@ def test_unicode_is_stored_and_returned_intact(client_api, text):
     assert again.status_code == 200 and again.json()["id"] == created["id"]
 
 
+def test_escapes_that_only_look_like_nul_are_stored(client_api):
+    text = "a literal \\u0000, \\\\u0000 and \\x00"
+    r = post(client_api, {"task_name": text, "queue": "q", "input": {text: text}})
+    assert r.status_code == 201, r.content
+    assert Task.objects.get(id=r.json()["id"]).input == {text: text}
+
+
 def test_unicode_signal_round_trips(client_api):
     task = TaskFactory(status="RUNNING")
     text = UNICODE[2]
