@@ -14,6 +14,7 @@ from dispatcher.errors import grpc_message, grpc_status
 from dispatcher.flusher import valid_uuid
 from signals.services import signal_send
 from tasks import selectors, services
+from tasks.api.pagination import MAX_OFFSET
 from tasks.errors import ValidationError, ValkaError
 from tasks.live import OVERFLOW, Fanout, decode_events
 from tasks.models import TaskLog, TaskRun
@@ -72,7 +73,7 @@ def list_tasks(request: api_pb2.ListTasksRequest):
     token = request.pagination.page_token
     try:
         offset = int(token) if token else 0
-        if offset < 0:
+        if not 0 <= offset <= MAX_OFFSET:
             raise ValueError
     except ValueError:
         raise ValidationError.field("pagination.page_token", "is not a token this server issued") from None

@@ -10,8 +10,10 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import socket
+import sys
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -22,9 +24,11 @@ from dispatcher.db import conninfo, make_pool
 from dispatcher.flusher import Flusher, LogLine, Result, valid_uuid
 from dispatcher.session import WorkerSession
 from dispatcher.signals import SignalRelay
+from tasks.errors import ValkaError
 from tasks.live import Fanout
 from tasks.notify import SIGNAL_SENT, TASK_CANCELLED, TASK_EVENT, TASK_LOG, TASK_READY
 from tasks.retry import RetryPolicy
+from tasks.specs import check_json
 from tasks.sql import outcomes
 from valka.conf import valka_settings
 from valka.listen import Listener
@@ -64,15 +68,31 @@ class NodeSettings:
         )
 
 
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def _storable_float(literal: str) -> float:
+    """A JSON number jsonb takes: finite, with an exponent and length far inside numeric's range."""
+    value = float(literal)
+    exponent = literal.lower().partition("e")[2]
+    if not math.isfinite(value) or len(literal) > 1000 or (exponent and abs(int(exponent)) > 1000):
+        raise ValueError(f"number {literal[:40]} is out of range")
+    return value
+
+
 def json_or_none(text: str) -> str | None:
-    """`text` if it is JSON PostgreSQL can store, else None."""
+    """`text` if it is JSON PostgreSQL can store under the producers' rules (tasks.specs.check_json:
+    no NaN, NUL or lone surrogates, at most MAX_JSON_DEPTH levels), else None. A value PostgreSQL
+    refused would fail the writer's whole batch, so it must not get that far."""
     if not text:
         return None
     try:
-        json.loads(text)
-    except (ValueError, RecursionError):
+        check_json("output", json.loads(text, parse_constant=_refuse_constant, parse_float=_storable_float),
+                   sys.maxsize)
+    except (ValueError, RecursionError, ValkaError):
         return None
-    return None if "\\u0000" in text else text
+    return text
 
 
 class DispatcherNode:
@@ -239,7 +259,8 @@ class DispatcherNode:
             output = json_or_none(result.output) if result.output else None
             if result.output and output is None:
                 self.flusher.result(Result(result.task_run_id, session.worker_id, False, False,
-                                           "the worker returned an output that is not valid JSON", entry))
+                                           "the worker returned an output that is not valid JSON or not storable "
+                                           "(NaN, NUL, lone surrogates, nesting over 100 levels)", entry))
                 return None
             if output is not None and len(output) > MAX_OUTPUT:
                 self.flusher.result(Result(result.task_run_id, session.worker_id, False, False,
@@ -262,7 +283,8 @@ class DispatcherNode:
         lines = []
         now_ms = int(time.time() * 1000)
         for e in batch.entries:
-            if not valid_uuid(e.task_run_id):
+            # Only lines of runs this session holds: a worker cannot write into another's run.
+            if e.task_run_id not in session.by_run:
                 continue
             lines.append(LogLine(
                 run_id=e.task_run_id,

@@ -55,6 +55,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello.concurrency: must be between 1 and 10000")
         if len(hello.worker_id) > 255 or len(hello.worker_name) > 255:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "hello.worker_id/worker_name: at most 255 characters")
+        for name, values in (("queues", queues), ("worker_id", [hello.worker_id]),
+                             ("worker_name", [hello.worker_name])):
+            if any("\x00" in v for v in values):
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"hello.{name}: must not contain NUL characters")
         self.node.open_streams += 1
         session: WorkerSession | None = None
         reader: asyncio.Task | None = None
@@ -74,6 +78,9 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             raise
         except Exception as exc:
             log.info("dispatcher: stream of %s ended: %s", session.worker_id if session else "?", exc)
+            if session is None:  # the session could not be opened (the database, mostly): worth a retry
+                context.set_code(grpc.StatusCode.UNAVAILABLE)
+                context.set_details("the dispatcher could not open the session; try again")
         finally:
             if reader is not None:
                 reader.cancel()
@@ -111,6 +118,9 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             raise
         except Exception as exc:
             log.info("dispatcher: reading from %s failed: %s", session.worker_id, exc)
+            # Ends the call with this status rather than OK (a malformed message, mostly).
+            context.set_code(grpc.StatusCode.INVALID_ARGUMENT)
+            context.set_details(f"cannot read the stream: {exc}"[:500])
         finally:
             session.close()
 
