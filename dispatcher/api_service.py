@@ -14,11 +14,13 @@ from dispatcher.errors import grpc_message, grpc_status
 from dispatcher.flusher import valid_uuid
 from signals.services import signal_send
 from tasks import selectors, services
+from tasks.api.auth import api_key_valid
 from tasks.api.pagination import MAX_OFFSET
 from tasks.errors import ValidationError, ValkaError
 from tasks.live import OVERFLOW, Fanout, decode_events
 from tasks.models import TaskLog, TaskRun
 from tasks.notify import TASK_EVENT, TASK_LOG
+from valka.conf import valka_settings
 from valka.v1 import api_pb2, api_pb2_grpc
 
 DEFAULT_PAGE, MAX_PAGE = 50, 1000
@@ -97,27 +99,43 @@ def _run_state(run_id: str) -> tuple[bool, bool]:
     return status is not None, status == "RUNNING"
 
 
+async def _authorize(context: grpc.aio.ServicerContext) -> None:
+    """Every call needs an API key (metadata `authorization: Bearer <key>`), as the REST API does,
+    unless VALKA_API_ANONYMOUS opens the API. The answer says nothing about which keys exist."""
+    if valka_settings.API_ANONYMOUS:
+        return
+    sent = dict(context.invocation_metadata() or ()).get("authorization", "")
+    if not sent or not await _db(api_key_valid)(sent):
+        await context.abort(grpc.StatusCode.UNAUTHENTICATED,
+                            "a valid API key is required (metadata 'authorization: Bearer <key>')")
+
+
 class ApiService(api_pb2_grpc.ApiServiceServicer):
     def __init__(self, fanout: Fanout | None = None) -> None:
         self.fanout = fanout or Fanout()
     async def CreateTask(self, request, context):  # noqa: N802
+        await _authorize(context)
         task = await _call(context, create_task, request)
         return api_pb2.CreateTaskResponse(task=convert.task_meta(task))
 
     async def GetTask(self, request, context):  # noqa: N802
+        await _authorize(context)
         task = await _call(context, selectors.task_get, task_id=request.task_id)
         return api_pb2.GetTaskResponse(task=convert.task_meta(task))
 
     async def ListTasks(self, request, context):  # noqa: N802
+        await _authorize(context)
         tasks, token = await _call(context, list_tasks, request)
         return api_pb2.ListTasksResponse(tasks=[convert.task_meta(t) for t in tasks], next_page_token=token)
 
     async def CancelTask(self, request, context):  # noqa: N802
+        await _authorize(context)
         task = await _call(context, services.task_cancel, task_id=request.task_id)
         return api_pb2.CancelTaskResponse(task=convert.task_meta(task))
 
     async def SubscribeEvents(self, request, context):  # noqa: N802
         """Every task status change from now on (of `queue_name` if given), until the client leaves."""
+        await _authorize(context)
         inbox = self.fanout.subscribe(TASK_EVENT)
         await context.send_initial_metadata((("x-valka-subscribed", "events"),))
         try:
@@ -134,6 +152,7 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
 
     async def SubscribeLogs(self, request, context):  # noqa: N802
         """A run's log lines (the earlier ones too with include_history), live until the run ends."""
+        await _authorize(context)
         if not valid_uuid(request.task_run_id):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id!r} not found")
         exists, running = await _db(_run_state)(request.task_run_id)
@@ -161,5 +180,6 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
             self.fanout.unsubscribe(TASK_LOG, inbox)
 
     async def SendSignal(self, request, context):  # noqa: N802
+        await _authorize(context)
         signal, delivered = await _call(context, send_signal, request)
         return api_pb2.SendSignalResponse(signal_id=str(signal.id), delivered=delivered)

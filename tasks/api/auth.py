@@ -31,6 +31,14 @@ def api_key_create(*, name: str) -> tuple[ApiKey, str]:
     return record, key
 
 
+def api_key_valid(authorization: str) -> bool:
+    """Whether an `Authorization` value (`Bearer <key>`) names a live key (for gRPC's ApiService)."""
+    scheme, _, key = authorization.partition(" ")
+    if scheme.lower() != "bearer" or not key.strip():
+        return False
+    return ApiKey.objects.filter(key_hash=hash_key(key.strip()), revoked=False).exists()
+
+
 class ApiKeyPrincipal:
     """The caller behind an API key (DRF wants a user-like object)."""
 
