@@ -22,6 +22,16 @@ WEB_ADDR = ("127.0.0.1", 8989)
 GRPC_PORT = 50051
 ADMIN_USER = "admin"
 ADMIN_PASSWORD = "admin"
+# The local stack is for trying things out: open API, plain HTTP on loopback (even when the
+# shell exported a SECRET_KEY, which turns on the HTTPS-only production defaults).
+LOCAL_ENV = {
+    "VALKA_API_ANONYMOUS": "true",
+    "SESSION_COOKIE_SECURE": "false",
+    "CSRF_COOKIE_SECURE": "false",
+    "SECURE_SSL_REDIRECT": "false",
+    "SECURE_HSTS_SECONDS": "0",
+    "PYTHONUNBUFFERED": "1",
+}
 
 
 def _processes(py: str) -> dict[str, list[str]]:
@@ -66,11 +76,8 @@ def main() -> int:
             print(f"make run: {exc}", file=sys.stderr)
             return 1
         env["DATABASE_URL"] = cluster.url
-    # The local stack is for trying things out: open API, cookies over plain HTTP.
-    env.setdefault("VALKA_API_ANONYMOUS", "true")
-    env.setdefault("SESSION_COOKIE_SECURE", "false")
-    env.setdefault("CSRF_COOKIE_SECURE", "false")
-    env.setdefault("PYTHONUNBUFFERED", "1")
+    for name, value in LOCAL_ENV.items():
+        env.setdefault(name, value)
     subprocess.run([py, "manage.py", "migrate", "--no-input", "-v", "0"], env=env, check=True)
     if local:
         subprocess.run([py, "manage.py", "ensure_local_admin", ADMIN_USER, ADMIN_PASSWORD], env=env, check=True)

@@ -9,8 +9,12 @@ BASE_DIR = Path(__file__).resolve().parent.parent
 env = environ.Env()
 
 DEBUG = env.bool("DEBUG", default=False)
-# The fallback only serves the local stack and the tests; `check --deploy` flags it.
-SECRET_KEY = env.str("SECRET_KEY", default="django-insecure-valka-local-development-only")
+# A process given its own SECRET_KEY with DEBUG off is a production one: HTTPS-only defaults below.
+# Without one, the settings serve the local stack and the tests (plain HTTP on loopback) with a
+# development key that `check --deploy` flags.
+_SECRET_KEY = env.str("SECRET_KEY", default="")
+PRODUCTION = bool(_SECRET_KEY) and not DEBUG
+SECRET_KEY = _SECRET_KEY or "django-insecure-valka-local-development-only"
 ALLOWED_HOSTS = env.list("ALLOWED_HOSTS", default=["127.0.0.1", "localhost", "[::1]", "testserver"])
 CSRF_TRUSTED_ORIGINS = env.list("CSRF_TRUSTED_ORIGINS", default=[])
 
@@ -90,11 +94,16 @@ STATICFILES_DIRS = [BASE_DIR / "static"] if (BASE_DIR / "static").exists() else 
 WHITENOISE_USE_FINDERS = True
 WHITENOISE_AUTOREFRESH = DEBUG
 
-# Security headers: on by default, relaxed only where the local stack needs plain HTTP.
+# Security: each setting can be set from the environment; the defaults are secure in production
+# (see PRODUCTION above), and cookies are HTTPS-only whenever DEBUG is off.
 SESSION_COOKIE_SECURE = env.bool("SESSION_COOKIE_SECURE", default=not DEBUG)
 CSRF_COOKIE_SECURE = env.bool("CSRF_COOKIE_SECURE", default=not DEBUG)
-SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=False)
-SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=0)
+SECURE_SSL_REDIRECT = env.bool("SECURE_SSL_REDIRECT", default=PRODUCTION)
+# Probes and scrapers often speak plain HTTP inside the network: no redirect for them.
+SECURE_REDIRECT_EXEMPT = [r"^healthz$", r"^metrics$"]
+SECURE_HSTS_SECONDS = env.int("SECURE_HSTS_SECONDS", default=365 * 24 * 3600 if PRODUCTION else 0)
+SECURE_HSTS_INCLUDE_SUBDOMAINS = env.bool("SECURE_HSTS_INCLUDE_SUBDOMAINS", default=PRODUCTION)
+SECURE_HSTS_PRELOAD = env.bool("SECURE_HSTS_PRELOAD", default=PRODUCTION)
 if env.bool("VALKA_BEHIND_TLS_PROXY", default=False):
     SECURE_PROXY_SSL_HEADER = ("HTTP_X_FORWARDED_PROTO", "https")
 X_FRAME_OPTIONS = "DENY"
@@ -122,6 +131,7 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "tasks.api.schema.postprocess"],
+    "ENUM_NAME_OVERRIDES": {"SignalStatusEnum": "signals.models.SignalStatus"},
 }
 
 # The queue's own settings, read through `valka.conf.valka_settings`.
