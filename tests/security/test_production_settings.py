@@ -17,14 +17,17 @@ from django.test import Client
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = ["SECURE_SSL_REDIRECT", "SECURE_HSTS_SECONDS", "SECURE_HSTS_INCLUDE_SUBDOMAINS", "SECURE_HSTS_PRELOAD",
             "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "DEBUG", "SECRET_KEY", "ALLOWED_HOSTS"]
-INHERITED = [*SETTINGS, "VALKA_API_ANONYMOUS", "VALKA_BEHIND_TLS_PROXY", "DATABASE_URL"]
+INHERITED = [*SETTINGS, "VALKA_API_ANONYMOUS", "VALKA_BEHIND_TLS_PROXY", "DATABASE_URL", "CSRF_TRUSTED_ORIGINS",
+             "VALKA_WORKER_TOKEN"]
 
 
 def production_env(**extra: str) -> dict[str, str]:
     """The README's production environment (section "Production"), nothing inherited that could mask it."""
     env = {k: v for k, v in os.environ.items() if k not in INHERITED}
     env.update(SECRET_KEY=secrets.token_urlsafe(50), ALLOWED_HOSTS="valka.example.com",
-               DATABASE_URL="postgres://valka:db-password@db.example.com:5432/valka", VALKA_BEHIND_TLS_PROXY="true")
+               DATABASE_URL="postgres://valka:db-password@db.example.com:5432/valka",
+               CSRF_TRUSTED_ORIGINS="https://valka.example.com", VALKA_BEHIND_TLS_PROXY="true",
+               VALKA_WORKER_TOKEN=secrets.token_urlsafe(32))
     env.update(extra)
     return env
 
