@@ -15,6 +15,8 @@ import uuid
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import psycopg
+
 from dispatcher import sql
 from dispatcher.session import InFlight
 from tasks.sql import outcomes
@@ -105,10 +107,49 @@ class Flusher:
             try:
                 await self.flush_once()
                 backoff = 0.1
-            except Exception:
-                log.exception("dispatcher: writing to the database failed; retrying in %.1fs", backoff)
+            except psycopg.OperationalError as exc:
+                log.warning("dispatcher: the database is unreachable (%s); retrying in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+            except psycopg.Error as exc:
+                # PostgreSQL refused the pass itself: one bad row must not hold back everyone else's.
+                log.error("dispatcher: a write was refused (%s); writing its items one by one", exc)
+                try:
+                    await self._isolate()
+                except psycopg.Error:
+                    log.exception("dispatcher: writing to the database failed; retrying in %.1fs", backoff)
+                    await asyncio.sleep(backoff)
+                    backoff = min(backoff * 2, 5.0)
+
+    async def _isolate(self) -> None:
+        """Write the buffered starts, results and log lines one at a time, each in its own
+        transaction. An item PostgreSQL refuses is dropped; a refused result fails its task
+        with a plain message instead, so the run is closed either way."""
+        buckets = {"_starts": self._starts, "_results": self._results, "_logs": self._logs}
+        self._starts, self._results, self._logs = [], [], []
+        waiting: dict[str, list[Any]] = {name: [] for name in buckets}
+        try:
+            for name, items in buckets.items():
+                while items:
+                    item = items.pop(0)
+                    setattr(self, name, [item])
+                    try:
+                        await self.flush_once()
+                    except psycopg.OperationalError:
+                        raise
+                    except psycopg.Error as exc:
+                        setattr(self, name, [])
+                        log.error("dispatcher: dropped a %s PostgreSQL refused: %s", name.strip("_"), exc)
+                        if isinstance(item, Result):
+                            self._results = [Result(item.run_id, item.worker_id, False, False,
+                                                    f"the worker's result could not be stored ({exc.sqlstate})",
+                                                    None)]
+                            await self.flush_once()
+                    waiting[name].extend(getattr(self, name))  # not ready yet: kept for later
+                    setattr(self, name, [])
+        finally:
+            for name, items in buckets.items():
+                setattr(self, name, waiting[name] + getattr(self, name) + items)
 
     async def flush_once(self) -> None:
         """Write everything buffered in ONE transaction: one commit (one WAL flush) per pass.
