@@ -78,7 +78,8 @@ class BenchStack:
         self.database_url = database_url
         self.workdir = workdir
         self.procs: list[subprocess.Popen] = []
-        self.env = dict(os.environ, DATABASE_URL=database_url, PYTHONUNBUFFERED="1", VALKA_LOG_LEVEL="WARNING")
+        self.env = dict(os.environ, DATABASE_URL=database_url, PYTHONUNBUFFERED="1", VALKA_LOG_LEVEL="WARNING",
+                        VALKA_API_ANONYMOUS="true")  # a local measurement: no keys on REST or gRPC
         self.env.pop("VALKA_DB_POOL", None)  # the processes run with their defaults
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:
