@@ -66,7 +66,7 @@ def test_dispatcher_sigterm_drains_and_workers_move_on(stack):
     proc_a.send_signal(signal.SIGTERM)
     # The running task finishes during the drain; the dispatcher then exits cleanly.
     assert wait_status(task.id, "COMPLETED").attempt_count == 1
-    assert proc_a.wait(20) == 0
+    assert proc_a.wait(45) == 0
     # The worker reconnects, here to the other dispatcher at the same address is gone: start one
     # worker on B and check B serves new work.
     stack.worker(addr_b, name="on-b")
