@@ -86,7 +86,10 @@ def test_overview_then_replay_a_dead_letter(page):
     grid = page.locator("#vk-queue-grid")
     expect(grid.locator('tr[data-queue="emails"] td[data-status="PENDING"]')).to_have_text("3")
     expect(grid.locator('tr[data-queue="billing"] td[data-status="DEAD_LETTER"]')).to_have_text("1")
-    expect(page.locator(".vk-chart rect.completed")).to_have_count(1)
+    # One bar for the minute of those completions (two when the test straddles a minute boundary).
+    bars = page.locator(".vk-chart rect.completed")
+    expect(bars.first).to_be_visible()
+    assert bars.count() in (1, 2)
     shot(page, "overview.png")
 
     page.click(".vk-nav >> text=Dead letters")
