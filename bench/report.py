@@ -76,7 +76,7 @@ def _ratio(ours: Any, theirs: Any, higher_is_better: bool) -> str:
 
 
 def table(results: dict[str, Any]) -> str:
-    """Markdown: Valka's figures, the targets of issue 8, and each peer with Valka's advantage
+    """Markdown: Valka's figures, our performance targets, and each peer with Valka's advantage
     (its figure ÷ the peer's for rates, the peer's ÷ its own for times and memory: above 1× Valka leads)."""
     peers = list(results.get("peers", {}))
     head = ["workload", "unit", "target", "Valka"]
