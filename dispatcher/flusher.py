@@ -54,6 +54,7 @@ class Flusher:
         self._results: list[Result] = []
         self._heartbeats: list[tuple[str, str]] = []  # (worker id, task id)
         self._heard: set[str] = set()  # workers that sent a heartbeat
+        self._taken_signals: list[tuple] = []  # marked DELIVERED in this pass, sent after its commit
         self._logs: list[LogLine] = []
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
@@ -158,6 +159,7 @@ class Flusher:
         On any error the whole pass rolls back and every item goes back to its buffer.
         """
         starts, self._starts = self._starts, []
+        self._taken_signals = []
         starting = {id(entry) for entry, _ in starts}
 
         def ready(gate: InFlight | None) -> bool:
@@ -195,6 +197,8 @@ class Flusher:
             self._heard |= heard
             raise
         self._settle_starts(starts, started)
+        if self._taken_signals:
+            await self.node.signal_handler.send_taken(self._taken_signals)
         if self._results or self._logs:
             # Some wait for a start still on its way from a stream handler; look again shortly.
             await asyncio.sleep(0.001)
@@ -210,8 +214,8 @@ class Flusher:
         rows = await cur.fetchall()
         with_signals = [str(task_id) for task_id, has_signals in rows if has_signals]
         if with_signals:
-            # Signals sent while the task waited go out right after its assignment.
-            await self.node.signal_handler.deliver(with_signals, conn)
+            # Signals sent while the task waited go out right after its assignment (after the commit).
+            self._taken_signals = await self.node.signal_handler.take(conn, with_signals)
         return {str(task_id) for task_id, _ in rows}
 
     def _settle_starts(self, starts: list[tuple[InFlight, str]], started: set[str]) -> None:

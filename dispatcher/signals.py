@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from dispatcher.flusher import valid_uuid
 from dispatcher.session import WorkerSession
@@ -48,16 +48,20 @@ class SignalRelay:
         if valid_uuid(signal_id):
             self._spawn(self._ack(session.worker_id, signal_id))
 
-    async def deliver(self, task_ids: list[str], conn=None) -> int:
+    async def deliver(self, task_ids: list[str]) -> int:
         """Mark the PENDING signals of `task_ids` DELIVERED and send them to the workers holding them."""
-        if conn is None:
-            async with self.node.pool.connection() as own:
-                rows = await (await own.execute(sql.TAKE_PENDING, {"task_ids": task_ids})).fetchall()
-        else:
-            rows = await (await conn.execute(sql.TAKE_PENDING, {"task_ids": task_ids})).fetchall()
-        if not rows:
-            return 0
+        async with self.node.pool.connection() as own:
+            rows = await self.take(own, task_ids)
+        return await self.send_taken(rows)
+
+    async def take(self, conn: Any, task_ids: list[str]) -> list[tuple]:
+        """Mark the PENDING signals of `task_ids` DELIVERED in the caller's transaction; send them
+        with `send_taken` only after it commits, so an acknowledgement never overtakes the commit."""
+        rows = await (await conn.execute(sql.TAKE_PENDING, {"task_ids": task_ids})).fetchall()
         rows.sort(key=lambda r: r[0])  # uuid7: creation order
+        return rows
+
+    async def send_taken(self, rows: list[tuple]) -> int:
         undeliverable = []
         for signal_id, task_id, signal_type, payload, created_at in rows:
             session = self._holder(str(task_id))
