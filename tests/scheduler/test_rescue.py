@@ -27,6 +27,8 @@ def test_the_reaper_recovers_a_task_whose_worker_and_dispatcher_died(stack, tmp_
     task = services.task_enqueue(task_name="sleep", queue="default", timeout_seconds=3, max_retries=2,
                                  input={"seconds": 60, "mark": str(tmp_path)})
     wait_for(lambda: list(tmp_path.glob(f"{task.id}.started.1.*")), what="attempt 1 running")
+    # The handler starts as soon as the assignment arrives; the dispatcher records the start a moment later.
+    wait_for(lambda: Task.objects.get(id=task.id).status == "RUNNING", what="attempt 1 recorded as RUNNING")
     # The dispatcher goes first, so nothing is left to notice the worker's stream drop.
     os.killpg(dispatcher.pid, signal.SIGKILL)
     dispatcher.wait(10)
