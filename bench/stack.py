@@ -7,7 +7,6 @@ import contextlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,6 +17,7 @@ from pathlib import Path
 import psycopg
 
 from valka import devdb
+from valka.devdb import listening
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -31,12 +31,6 @@ def wait_for(predicate: Callable[[], object], timeout: float, what: str, interva
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
         time.sleep(interval)
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 def rss_kib(pid: int) -> int:

@@ -18,7 +18,7 @@ from tasks.api.auth import api_key_valid
 from tasks.api.pagination import MAX_OFFSET
 from tasks.errors import ValidationError, ValkaError
 from tasks.live import OVERFLOW, Fanout, decode_events
-from tasks.models import TaskLog, TaskRun
+from tasks.models import TaskLog
 from tasks.notify import TASK_EVENT, TASK_LOG
 from valka.conf import valka_settings
 from valka.v1 import api_pb2, api_pb2_grpc
@@ -85,18 +85,8 @@ def list_tasks(request: api_pb2.ListTasksRequest):
     return tasks[:size], str(offset + size) if more else ""
 
 
-def _log_page(run_id: str, after: int) -> list[TaskLog]:
-    return list(TaskLog.objects.filter(run_id=run_id, id__gt=after).order_by("id")[:500])
-
-
 def _last_log_id(run_id: str) -> int:
     return TaskLog.objects.filter(run_id=run_id).aggregate(last=Max("id"))["last"] or 0
-
-
-def _run_state(run_id: str) -> tuple[bool, bool]:
-    """(exists, still running)."""
-    status = TaskRun.objects.filter(id=run_id).values_list("status", flat=True).first()
-    return status is not None, status == "RUNNING"
 
 
 async def _authorize(context: grpc.aio.ServicerContext) -> None:
@@ -155,18 +145,18 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
         await _authorize(context)
         if not valid_uuid(request.task_run_id):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id!r} not found")
-        exists, running = await _db(_run_state)(request.task_run_id)
+        exists, running = await _db(selectors.run_state)(run_id=request.task_run_id)
         if not exists:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id} not found")
         inbox = self.fanout.subscribe(TASK_LOG)
         try:
             after = 0 if request.include_history else await _db(_last_log_id)(request.task_run_id)
             while True:
-                for line in await _db(_log_page)(request.task_run_id, after):
+                for line in await _db(selectors.run_log_page)(run_id=request.task_run_id, after=after):
                     after = line.id
                     yield convert.log_entry(line)
                 if not running:
-                    for line in await _db(_log_page)(request.task_run_id, after):
+                    for line in await _db(selectors.run_log_page)(run_id=request.task_run_id, after=after):
                         after = line.id
                         yield convert.log_entry(line)
                     return
@@ -175,7 +165,7 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
                         pass
                 except TimeoutError:
                     pass
-                _, running = await _db(_run_state)(request.task_run_id)
+                _, running = await _db(selectors.run_state)(run_id=request.task_run_id)
         finally:
             self.fanout.unsubscribe(TASK_LOG, inbox)
 

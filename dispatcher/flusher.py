@@ -57,8 +57,6 @@ class Flusher:
         self._taken_signals: list[tuple] = []  # marked DELIVERED in this pass, sent after its commit
         self._logs: list[LogLine] = []
         self._wake = asyncio.Event()
-        self._idle = asyncio.Event()
-        self._idle.set()
 
     # -- producers (called from stream handlers; never block) --
     def start(self, entry: InFlight, worker_id: str) -> None:
@@ -82,21 +80,13 @@ class Flusher:
         return bool(self._starts or self._results or self._heartbeats or self._heard or self._logs)
 
     def _poke(self) -> None:
-        self._idle.clear()
         self._wake.set()
-
-    async def wait_idle(self, timeout: float) -> None:
-        try:
-            await asyncio.wait_for(self._idle.wait(), timeout)
-        except TimeoutError:
-            pass
 
     # -- the loop --
     async def run(self, stop: asyncio.Event) -> None:
         backoff = 0.1
         while True:
             if not self.pending():
-                self._idle.set()
                 if stop.is_set():
                     return
                 waiter = asyncio.ensure_future(self._wake.wait())

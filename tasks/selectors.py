@@ -91,6 +91,17 @@ def run_logs(*, task_id: Any, run_id: Any, after: int | None = None) -> QuerySet
     return qs
 
 
+def run_log_page(*, run_id: Any, after: int, limit: int = 500) -> list[TaskLog]:
+    """The next `limit` log lines of a run after line id `after` (live tails page with this)."""
+    return list(TaskLog.objects.filter(run_id=run_id, id__gt=after).order_by("id")[:limit])
+
+
+def run_state(*, run_id: Any) -> tuple[bool, bool]:
+    """(the run exists, it is still RUNNING)."""
+    status = TaskRun.objects.filter(id=run_id).values_list("status", flat=True).first()
+    return status is not None, status == "RUNNING"
+
+
 def dead_letter_get(*, dead_letter_id: Any) -> DeadLetter:
     dead_letter_id = parse_id(dead_letter_id, what="dead letter")
     try:

@@ -105,6 +105,13 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def listening(port: int, host: str = "127.0.0.1") -> bool:
+    """Whether something accepts connections on host:port (the stack's processes are up)."""
+    with socket.socket() as s:
+        s.settimeout(0.2)
+        return s.connect_ex((host, port)) == 0
+
+
 @dataclass
 class Cluster:
     directory: Path

@@ -20,7 +20,6 @@ from tasks.api.auth import ApiKeyAuthentication
 from tasks.api.errors import error_body
 from tasks.errors import ValkaError
 from tasks.live import OVERFLOW, decode_events, process_fanout
-from tasks.models import TaskLog, TaskRun
 from tasks.notify import TASK_EVENT, TASK_LOG
 from valka.conf import valka_settings
 
@@ -93,13 +92,13 @@ async def events(request: HttpRequest) -> Any:
 
 
 def _log_page(run_id: Any, after: int) -> list[dict[str, Any]]:
-    lines = TaskLog.objects.filter(run_id=run_id, id__gt=after).order_by("id")[:500]
     return [{"id": line.id, "timestamp": line.timestamp.isoformat(), "level": line.level,
-             "message": line.message, "metadata": line.metadata} for line in lines]
+             "message": line.message, "metadata": line.metadata}
+            for line in selectors.run_log_page(run_id=run_id, after=after)]
 
 
 def _run_open(run_id: Any) -> bool:
-    return TaskRun.objects.filter(id=run_id, status="RUNNING").exists()
+    return selectors.run_state(run_id=run_id)[1]
 
 
 async def logs(request: HttpRequest, pk: str, run_id: str) -> Any:

@@ -17,7 +17,6 @@ import json
 import os
 import random
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -29,6 +28,7 @@ import httpx
 import psycopg
 
 from valka import devdb
+from valka.devdb import free_port, listening
 
 ROOT = Path(__file__).resolve().parents[2]
 FINAL = ("COMPLETED", "FAILED", "DEAD_LETTER", "CANCELLED")
@@ -40,18 +40,6 @@ CREATE TABLE IF NOT EXISTS chaos_executions (
     id bigserial PRIMARY KEY, task_id uuid NOT NULL, run_id uuid NOT NULL, attempt int NOT NULL,
     worker text NOT NULL, pid int NOT NULL, phase text NOT NULL, output jsonb, at timestamptz DEFAULT now())
 """
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @dataclass

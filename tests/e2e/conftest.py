@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,13 +14,12 @@ from pathlib import Path
 import pytest
 from django.db import connection
 
+from valka.devdb import free_port
+from valka.devdb import listening as _listening
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_database_url() -> str:
@@ -101,12 +99,6 @@ class Stack:
 
     def logs(self) -> str:
         return "\n".join(f"--- {p.log_path.name}\n{p.log_path.read_text()[-3000:]}" for p in self.procs)  # type: ignore
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.2)
-        return s.connect_ex(("127.0.0.1", port)) == 0
 
 
 @pytest.fixture

@@ -104,7 +104,6 @@ class Worker:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._executor: ThreadPoolExecutor | None = None
         self.connected = False
-        self.tasks_done = 0
 
     # -- registration --
     def task(self, name: str) -> Callable[[Handler], Handler]:
@@ -319,7 +318,6 @@ class Worker:
             if entry is not None:
                 for hook in entry.signal_hooks:
                     hook.cancel()
-        self.tasks_done += 1
         if self._logs:  # the run's lines reach the server before its result
             await self._flush_now()
         self._send(pb.WorkerRequest(task_result=result))
