@@ -39,9 +39,17 @@ class SignalRelay:
     def on_notify(self, task_id: str) -> None:
         for session in self.node.sessions.values():
             entry = session.in_flight.get(task_id)
-            if entry is not None and entry.started.done() and entry.started.result():
-                self._spawn(self.deliver([task_id]))
-                return
+            if entry is None:
+                continue
+            if entry.started.done():
+                if entry.started.result():
+                    self._spawn(self.deliver([task_id]))
+            else:
+                # The start is being written: the signal may have missed that pass's look for
+                # waiting signals, so look again once it has committed.
+                entry.started.add_done_callback(
+                    lambda f: f.result() and self._spawn(self.deliver([task_id])))
+            return
         # Not running here (yet): the post-start delivery or another node takes it.
 
     def on_ack(self, session: WorkerSession, signal_id: str) -> None:

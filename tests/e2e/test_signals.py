@@ -94,6 +94,7 @@ def test_worker_killed_before_ack_gets_the_signal_again_on_the_retry(stack, tmp_
     task = task_services.task_enqueue(task_name="collect_signals", queue="default",
                                       input={"count": 1, "gate": str(tmp_path / "never"), "mark": str(tmp_path)})
     wait_for(lambda: list(tmp_path.glob(f"{task.id}.started.1.{victim.pid}")), what="victim runs it")
+    wait_status(task.id, "RUNNING")  # the dispatcher records the start just after the handler begins
     s, delivered = services.signal_send(task_id=task.id, signal_type="shutdown", wait=5.0)
     assert delivered and sig(s.id).status == "DELIVERED"
     victim.send_signal(os_signal.SIGKILL)
