@@ -48,6 +48,8 @@ def rows(results: dict[str, Any]) -> list[Row]:
         ("latency p50, big table", "ms", "within 20%", _get(v, "scale", "latency", "p50_ms"), none, False),
         ("latency p99, big table", "ms", "within 20%", _get(v, "scale", "latency", "p99_ms"), none, False),
         ("raw-SQL floor: drain, 2 connections", "tasks/s", "", _get(v, "floor", "rate_per_s"), none, True),
+        ("gRPC floor: worker stream round trips, 1 worker", "tasks/s", "", _get(v, "grpc_floor", "rate_per_s"),
+         none, True),
         ("raw-SQL floor: INSERT + commit, 1 caller", "tasks/s", "", _get(v, "floor", "enqueue_single", "rate_per_s"),
          none, True),
         ("dispatcher RSS, idle", "MiB", "", _get(v, "memory", "dispatcher_mib"), none, False),

@@ -62,7 +62,7 @@ def setup_django(database_url: str) -> None:
 
 
 def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
-    from bench import drain, enqueue, floor, memory, scale
+    from bench import drain, enqueue, floor, grpc_floor, memory, scale
     from tasks.api.auth import api_key_create
 
     skip = set(filter(None, opts.skip.split(",")))
@@ -94,6 +94,7 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
         floor_url = create_database(url, "floor")
         out["floor"] = {**floor.drain(floor_url, n=opts.n, rounds=opts.rounds),
                         "enqueue_single": floor.enqueue_single(floor_url, opts.enqueue_count)}
+        out["grpc_floor"] = grpc_floor.drain(n=opts.n, rounds=opts.rounds, concurrency=opts.concurrency)
     out["memory"]["dispatcher_mib"] = memory.rss({"d": dispatcher})["d"]
     if "memory" not in skip:
         out["memory"]["idle_workers"] = memory.many_workers(stack, dispatcher, addr, opts.idle_workers)
