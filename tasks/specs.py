@@ -39,6 +39,19 @@ class TaskSpec:
     timeout_seconds: int = 300
     idempotency_key: str | None = None
     run_at: datetime | None = None  # None: now
+    # `input` and `metadata` as JSON text, kept from validation so the insert does not encode them
+    # again; None when the spec was built by hand.
+    input_json: str | None = field(default=None, compare=False, repr=False)
+    metadata_json: str | None = field(default=None, compare=False, repr=False)
+
+    def input_text(self) -> str | None:
+        """`input` as JSON text for a jsonb parameter, or None for SQL NULL."""
+        if self.input is None:
+            return None
+        return self.input_json if self.input_json is not None else json.dumps(self.input, ensure_ascii=False)
+
+    def metadata_text(self) -> str:
+        return self.metadata_json if self.metadata_json is not None else json.dumps(self.metadata, ensure_ascii=False)
 
 
 def _text(name: str, value: Any, *, required: bool, max_len: int = MAX_NAME) -> str | None:
@@ -92,8 +105,10 @@ def _int(name: str, value: Any, default: int, lo: int, hi: int) -> int:
     return value
 
 
-def check_json(name: str, value: Any, limit: int) -> None:
-    """Refuse a JSON value PostgreSQL cannot store, nested deeper than MAX_JSON_DEPTH, or over `limit` bytes."""
+def check_json(name: str, value: Any, limit: int) -> str:
+    """Refuse a JSON value PostgreSQL cannot store, nested deeper than MAX_JSON_DEPTH, or over `limit` bytes.
+
+    Returns the value as JSON text."""
     if json_depth(value) > MAX_JSON_DEPTH:
         raise ValidationError.field(name, f"is nested too deeply (more than {MAX_JSON_DEPTH} levels)")
     try:
@@ -112,6 +127,7 @@ def check_json(name: str, value: Any, limit: int) -> None:
         )
     if _ESCAPED_NUL.search(encoded):
         raise ValidationError.field(name, "must not contain NUL characters (PostgreSQL cannot store them)")
+    return encoded
 
 
 def parse_datetime(name: str, value: Any) -> datetime | None:
@@ -166,13 +182,13 @@ def parse_task_spec(data: Any) -> TaskSpec:
     assert task_name is not None
     limit = valka_settings.MAX_PAYLOAD_BYTES
     payload = data.get("input")
-    check_json("input", payload, limit)
+    input_json = check_json("input", payload, limit)
     metadata = data.get("metadata")
     if metadata is None:
         metadata = {}
     if not isinstance(metadata, dict):
         raise ValidationError.field("metadata", "must be a JSON object")
-    check_json("metadata", metadata, limit)
+    metadata_json = check_json("metadata", metadata, limit)
     idempotency_key = _text("idempotency_key", data.get("idempotency_key"), required=False)
     return TaskSpec(
         task_name=task_name,
@@ -187,4 +203,6 @@ def parse_task_spec(data: Any) -> TaskSpec:
         idempotency_key=idempotency_key,
         run_at=_first(parse_datetime("run_at", data.get("run_at")),
                       parse_datetime("scheduled_at", data.get("scheduled_at"))),
+        input_json=input_json,
+        metadata_json=metadata_json,
     )
