@@ -70,7 +70,7 @@ class Claimer:
         if free <= 0:
             return 0
         limit = min(free, MAX_BATCH)
-        async with self.node.pool.connection() as conn:
+        async with self.node.claim_pool.connection() as conn:
             cur = await conn.execute(sql.CLAIM, {"queue": queue, "limit": limit,
                                                  "node_id": self.node.settings.node_id})
             rows = await cur.fetchall()

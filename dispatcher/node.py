@@ -99,6 +99,11 @@ class DispatcherNode:
     def __init__(self, settings: NodeSettings | None = None) -> None:
         self.settings = settings or NodeSettings.from_settings()
         self.pool = make_pool(f"valka-dispatcher {self.settings.node_id}", min_size=2, max_size=6)
+        # Claims commit without waiting for their WAL flush: a claim a crash of PostgreSQL loses
+        # leaves its task PENDING, to be claimed again (at-least-once, as for any crash after a
+        # send), and the start written after it is durable only once the claim is too.
+        self.claim_pool = make_pool(f"valka-dispatcher-claim {self.settings.node_id}", min_size=1, max_size=2,
+                                    wait_for_flush=False)
         self.sessions: dict[str, WorkerSession] = {}  # by worker id
         self.claimer = Claimer(self)
         self.fanout = Fanout()  # task events and log wake-ups for ApiService subscribers
@@ -119,6 +124,7 @@ class DispatcherNode:
     # -- lifecycle --
     async def start(self) -> None:
         await self.pool.open(wait=False)
+        await self.claim_pool.open(wait=False)
         self._tasks = [
             asyncio.create_task(self.claimer.run(self._stop), name="claimer"),
             asyncio.create_task(self.flusher.run(self._flusher_stop), name="flusher"),
@@ -148,6 +154,7 @@ class DispatcherNode:
             await asyncio.sleep(0.05)
         self._flusher_stop.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.claim_pool.close()
         await self.pool.close()
 
     async def _keepalive(self) -> None:

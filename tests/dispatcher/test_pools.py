@@ -1,0 +1,41 @@
+"""The dispatcher's two pools: claims commit without waiting for the WAL flush, the writer's passes wait."""
+
+import asyncio
+
+import pytest
+from django.db import connection
+
+from dispatcher.node import DispatcherNode, NodeSettings
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+@pytest.fixture
+def durable_database():
+    """New sessions of the test database default to synchronous_commit=on, as on a production server
+    (the throwaway test cluster runs with it off)."""
+    name = connection.settings_dict["NAME"]
+    with connection.cursor() as cur:
+        cur.execute(f'ALTER DATABASE "{name}" SET synchronous_commit = on')
+    yield
+    with connection.cursor() as cur:
+        cur.execute(f'ALTER DATABASE "{name}" RESET synchronous_commit')
+
+
+def test_only_claims_skip_the_flush_wait(durable_database):
+    async def scenario() -> tuple[str, str]:
+        node = DispatcherNode(NodeSettings(node_id="test-node", lease_extension=60, poll_interval=1,
+                                           drain_seconds=1, worker_token=""))
+        await node.pool.open()
+        await node.claim_pool.open()
+        try:
+            async with node.claim_pool.connection() as conn:
+                claims = (await (await conn.execute("SHOW synchronous_commit")).fetchone())[0]
+            async with node.pool.connection() as conn:
+                writes = (await (await conn.execute("SHOW synchronous_commit")).fetchone())[0]
+        finally:
+            await node.claim_pool.close()
+            await node.pool.close()
+        return claims, writes
+
+    assert asyncio.run(scenario()) == ("off", "on")
