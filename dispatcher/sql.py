@@ -10,12 +10,15 @@ from tasks.states import TaskStatus, guarded_update
 # -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --
 # Matches tasks_dispatch_idx (queue, priority DESC, run_at, id) WHERE status = 'PENDING'.
 # SKIP LOCKED lets dispatchers claim side by side without waiting on each other.
+# The picked ids go to the UPDATE as one array (`= ANY(ARRAY(...))`, a primary-key lookup per id):
+# a join with the CTE lets the planner, trusting stale statistics right after a bulk insert,
+# rescan the whole PENDING index once per picked row.
 CLAIM = "WITH picked AS (" \
     "SELECT id FROM tasks WHERE status = 'PENDING' AND queue = %(queue)s AND run_at <= now() " \
     "ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) " + guarded_update(
         TaskStatus.DISPATCHING,
         sources=[TaskStatus.PENDING],
-        where="id IN (SELECT id FROM picked)",
+        where="id = ANY(ARRAY(SELECT id FROM picked))",
         set="claimed_by = %(node_id)s",
         returning="id, task_name, queue, input::text, metadata::text, attempt_count + 1 AS attempt_number, "
                   "timeout_seconds, priority, run_at",
@@ -33,7 +36,8 @@ WITH input AS (
     TaskStatus.RUNNING,
     sources=[TaskStatus.DISPATCHING],
     from_="input",
-    where="tasks.id = input.task_id AND tasks.claimed_by = %(node_id)s",
+    # The array condition makes the primary key the way in, whatever the statistics say.
+    where="tasks.id = ANY(%(task_ids)s::uuid[]) AND tasks.id = input.task_id AND tasks.claimed_by = %(node_id)s",
     set="attempt_count = tasks.attempt_count + 1, started_at = now(), error_message = NULL",
     returning="tasks.id, tasks.attempt_count, tasks.timeout_seconds, input.run_id, input.worker_id",
 ) + """

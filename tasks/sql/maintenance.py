@@ -1,9 +1,11 @@
 """The scheduler's statements: retry, reap, promote, janitor, retention.
 
 Every statement works on a bounded batch (`%(limit)s`) picked with
-`FOR UPDATE SKIP LOCKED`: a row another transaction holds (a dispatcher
-writing a result, a cancel, another scheduler) is skipped this pass and
-looked at again on the next, so the scheduler never waits on the hot path
+`FOR UPDATE SKIP LOCKED` and reached by primary key as one array
+(`id = ANY(ARRAY(SELECT ...))`: a join with the pick lets the planner, on
+stale statistics, rescan a whole index per picked row). A row another
+transaction holds (a dispatcher writing a result, a cancel, another
+scheduler) is skipped this pass and looked at again on the next, so the scheduler never waits on the hot path
 and never overrules it. Status changes are the state machine's guarded
 updates. `%(now)s` may be NULL (the database clock) or an explicit time, so
 tests move time without sleeping.
@@ -27,7 +29,7 @@ WITH picked AS (
     WHERE status = 'RETRY' AND run_at <= {NOW} AND attempt_count <= max_retries
     ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), moved AS (
-    {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.RETRY], where="id IN (SELECT id FROM picked)",
+    {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.RETRY], where="id = ANY(ARRAY(SELECT id FROM picked))",
                     set="claimed_by = NULL", returning="id, queue")}
 )
 SELECT queue, count(*) AS moved, pg_notify('{TASK_READY}', queue)::text FROM moved GROUP BY queue
@@ -66,8 +68,8 @@ WITH picked AS (
     WHERE status = 'DISPATCHING' AND updated_at < {NOW} - make_interval(secs => %(timeout)s)
     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), moved AS (
-    {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.DISPATCHING], where="id IN (SELECT id FROM picked)",
-                    set="claimed_by = NULL", returning="id, queue")}
+    {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.DISPATCHING],
+                    where="id = ANY(ARRAY(SELECT id FROM picked))", set="claimed_by = NULL", returning="id, queue")}
 )
 SELECT queue, count(*) AS moved, pg_notify('{TASK_READY}', queue)::text FROM moved GROUP BY queue
 """
@@ -134,7 +136,7 @@ WITH picked AS (
     WHERE status IN ({_RETENTION_FINAL}) AND finished_at < {NOW} - %(days)s * interval '1 day'
     ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
-DELETE FROM tasks WHERE id IN (SELECT id FROM picked)
+DELETE FROM tasks WHERE id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING id
 """
 
@@ -145,9 +147,9 @@ WITH picked AS (
     WHERE created_at < {NOW} - %(days)s * interval '1 day'
     ORDER BY created_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), letters AS (
-    DELETE FROM dead_letter_queue WHERE id IN (SELECT id FROM picked) RETURNING id, task_id
+    DELETE FROM dead_letter_queue WHERE id = ANY(ARRAY(SELECT id FROM picked)) RETURNING id, task_id
 ), gone AS (
-    DELETE FROM tasks WHERE id IN (SELECT task_id FROM letters) AND status = '{TaskStatus.DEAD_LETTER.value}'
+    DELETE FROM tasks WHERE id = ANY(ARRAY(SELECT task_id FROM letters)) AND status = '{TaskStatus.DEAD_LETTER.value}'
     RETURNING id
 )
 SELECT letters.id, gone.id FROM letters LEFT JOIN gone ON gone.id = letters.task_id
@@ -161,6 +163,6 @@ WITH picked AS (
       AND NOT EXISTS (SELECT 1 FROM dead_letter_queue d WHERE d.task_id = t.id)
     ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
-DELETE FROM tasks WHERE id IN (SELECT id FROM picked)
+DELETE FROM tasks WHERE id = ANY(ARRAY(SELECT id FROM picked))
 RETURNING id
 """
