@@ -44,12 +44,13 @@ class Task(models.Model):
         max_length=255, null=True, blank=True,
         help_text="The dispatcher node that last claimed the task; guards its DISPATCHING → RUNNING/PENDING moves.",
     )
+    # Indexed only where set (see Meta.indexes): a full index would take a new entry on every status change.
     replayed_from_task = models.ForeignKey(
-        "self", null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="replays",
+        "self", null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="replays", db_index=False,
         help_text="The task this one replays (admin replay of a finished task, or a dead letter's task).",
     )
     replayed_from_dead_letter = models.ForeignKey(
-        "DeadLetter", null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="+",
+        "DeadLetter", null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="+", db_index=False,
         help_text="The dead letter this task was replayed from.",
     )
 
@@ -94,6 +95,11 @@ class Task(models.Model):
             models.Index(fields=["queue", "status"], name="tasks_queue_status_idx"),
             models.Index(fields=["task_name"], name="tasks_task_name_idx"),
             models.Index(fields=["created_at"], name="tasks_created_idx"),
+            # Replays by origin (and the foreign keys' ON DELETE SET NULL), for the few tasks that have one.
+            models.Index(fields=["replayed_from_task"], name="tasks_replayed_task_idx",
+                         condition=Q(replayed_from_task__isnull=False)),
+            models.Index(fields=["replayed_from_dead_letter"], name="tasks_replayed_letter_idx",
+                         condition=Q(replayed_from_dead_letter__isnull=False)),
         ]
 
     def __str__(self) -> str:
