@@ -137,6 +137,9 @@ SPECTACULAR_SETTINGS = {
 # The queue's own settings, read through `valka.conf.valka_settings`.
 VALKA = {
     "API_ANONYMOUS": env.bool("VALKA_API_ANONYMOUS", default=False),
+    # Threads per web process that run sync requests (valka.asgi); each holds a pooled
+    # database connection while it works, so keep it under VALKA_DB_POOL_MAX.
+    "WEB_THREADS": env.int("VALKA_WEB_THREADS", default=8),
     "MAX_RETRIES": env.int("VALKA_MAX_RETRIES", default=3),
     "DEFAULT_TIMEOUT_SECONDS": env.int("VALKA_DEFAULT_TIMEOUT_SECONDS", default=300),
     "RETRY_BASE_DELAY": env.float("VALKA_RETRY_BASE_DELAY", default=1.0),
