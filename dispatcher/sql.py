@@ -10,18 +10,19 @@ from tasks.states import TaskStatus, guarded_update
 # -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --
 # Matches tasks_dispatch_idx (queue, priority DESC, run_at, id) WHERE status = 'PENDING'.
 # SKIP LOCKED lets dispatchers claim side by side without waiting on each other.
-# The picked ids go to the UPDATE as one array (`= ANY(ARRAY(...))`, a primary-key lookup per id):
-# a join with the CTE lets the planner, trusting stale statistics right after a bulk insert,
-# rescan the whole PENDING index once per picked row.
-CLAIM = "WITH picked AS (" \
-    "SELECT id FROM tasks WHERE status = 'PENDING' AND queue = %(queue)s AND run_at <= now() " \
+# The UPDATE joins the picked rows on their physical address (a TID scan per row; they are
+# locked, so they cannot move): joined on id, even as an id array, the planner, trusting stale
+# statistics right after a bulk insert, walked the whole PENDING index for every claim.
+CLAIM = "WITH picked AS MATERIALIZED (" \
+    "SELECT ctid FROM tasks WHERE status = 'PENDING' AND queue = %(queue)s AND run_at <= now() " \
     "ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) " + guarded_update(
         TaskStatus.DISPATCHING,
         sources=[TaskStatus.PENDING],
-        where="id = ANY(ARRAY(SELECT id FROM picked))",
+        from_="picked",
+        where="tasks.ctid = picked.ctid",
         set="claimed_by = %(node_id)s",
-        returning="id, task_name, queue, input::text, metadata::text, attempt_count + 1 AS attempt_number, "
-                  "timeout_seconds, priority, run_at",
+        returning="tasks.id, tasks.task_name, tasks.queue, tasks.input::text, tasks.metadata::text, "
+                  "tasks.attempt_count + 1 AS attempt_number, tasks.timeout_seconds, tasks.priority, tasks.run_at",
     )
 
 # -- Sent: DISPATCHING → RUNNING, one attempt counted, the run row written with its lease. --

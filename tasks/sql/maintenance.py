@@ -1,9 +1,9 @@
 """The scheduler's statements: retry, reap, promote, janitor, retention.
 
 Every statement works on a bounded batch (`%(limit)s`) picked with
-`FOR UPDATE SKIP LOCKED` and reached by primary key as one array
-(`id = ANY(ARRAY(SELECT ...))`: a join with the pick lets the planner, on
-stale statistics, rescan a whole index per picked row). A row another
+`FOR UPDATE SKIP LOCKED`, then reached by its physical address (`ctid`,
+a TID scan; a locked row cannot move): joined on id, the planner, on stale
+statistics, may rescan a whole partial index per picked row). A row another
 transaction holds (a dispatcher writing a result, a cancel, another
 scheduler) is skipped this pass and looked at again on the next, so the scheduler never waits on the hot path
 and never overrules it. Status changes are the state machine's guarded
@@ -24,13 +24,13 @@ _RETENTION_FINAL = ", ".join(f"'{s.value}'" for s in sorted(FINAL_STATES - {Task
 # -- Due RETRY tasks with attempts left → PENDING, earliest first; one NOTIFY per queue, one row per queue. --
 # Matches tasks_retry_due_idx (run_at) WHERE status = 'RETRY'.
 RETRY_DUE = f"""
-WITH picked AS (
-    SELECT id FROM tasks
+WITH picked AS MATERIALIZED (
+    SELECT ctid FROM tasks
     WHERE status = 'RETRY' AND run_at <= {NOW} AND attempt_count <= max_retries
     ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), moved AS (
-    {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.RETRY], where="id = ANY(ARRAY(SELECT id FROM picked))",
-                    set="claimed_by = NULL", returning="id, queue")}
+    {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.RETRY], from_="picked",
+                    where="tasks.ctid = picked.ctid", set="claimed_by = NULL", returning="tasks.id, tasks.queue")}
 )
 SELECT queue, count(*) AS moved, pg_notify('{TASK_READY}', queue)::text FROM moved GROUP BY queue
 """
@@ -63,13 +63,14 @@ FOR UPDATE OF r, t SKIP LOCKED
 # -- DISPATCHING tasks claimed longer than %(timeout)s ago (their dispatcher died) → PENDING, no attempt counted. --
 # Matches tasks_dispatching_idx (updated_at) WHERE status = 'DISPATCHING'; one NOTIFY per queue.
 STUCK_DISPATCHING = f"""
-WITH picked AS (
-    SELECT id FROM tasks
+WITH picked AS MATERIALIZED (
+    SELECT ctid FROM tasks
     WHERE status = 'DISPATCHING' AND updated_at < {NOW} - make_interval(secs => %(timeout)s)
     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), moved AS (
     {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.DISPATCHING],
-                    where="id = ANY(ARRAY(SELECT id FROM picked))", set="claimed_by = NULL", returning="id, queue")}
+                    from_="picked",
+                    where="tasks.ctid = picked.ctid", set="claimed_by = NULL", returning="tasks.id, tasks.queue")}
 )
 SELECT queue, count(*) AS moved, pg_notify('{TASK_READY}', queue)::text FROM moved GROUP BY queue
 """
@@ -131,13 +132,13 @@ FOR UPDATE OF r, t SKIP LOCKED
 # Runs, logs and signals go with them by ON DELETE CASCADE; replays and dead letters
 # that point at them keep their rows (ON DELETE SET NULL). Matches tasks_finished_idx.
 PRUNE_FINISHED = f"""
-WITH picked AS (
-    SELECT id FROM tasks
+WITH picked AS MATERIALIZED (
+    SELECT ctid FROM tasks
     WHERE status IN ({_RETENTION_FINAL}) AND finished_at < {NOW} - %(days)s * interval '1 day'
     ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
-DELETE FROM tasks WHERE id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING id
+DELETE FROM tasks USING picked WHERE tasks.ctid = picked.ctid
+RETURNING tasks.id
 """
 
 # -- Dead letters older than %(days)s → deleted, with their DEAD_LETTER task. Returns one row per letter. --
@@ -157,12 +158,12 @@ SELECT letters.id, gone.id FROM letters LEFT JOIN gone ON gone.id = letters.task
 
 # -- DEAD_LETTER tasks older than %(days)s whose dead letter was deleted by hand → deleted. --
 PRUNE_ORPHAN_DEAD_LETTER_TASKS = f"""
-WITH picked AS (
-    SELECT id FROM tasks t
+WITH picked AS MATERIALIZED (
+    SELECT ctid FROM tasks t
     WHERE status = '{TaskStatus.DEAD_LETTER.value}' AND finished_at < {NOW} - %(days)s * interval '1 day'
       AND NOT EXISTS (SELECT 1 FROM dead_letter_queue d WHERE d.task_id = t.id)
     ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
-DELETE FROM tasks WHERE id = ANY(ARRAY(SELECT id FROM picked))
-RETURNING id
+DELETE FROM tasks USING picked WHERE tasks.ctid = picked.ctid
+RETURNING tasks.id
 """
