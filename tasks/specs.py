@@ -109,7 +109,7 @@ def check_json(name: str, value: Any, limit: int) -> str:
     """Refuse a JSON value PostgreSQL cannot store, nested deeper than MAX_JSON_DEPTH, or over `limit` bytes.
 
     Returns the value as JSON text."""
-    if json_depth(value) > MAX_JSON_DEPTH:
+    if isinstance(value, (dict, list)) and json_depth(value) > MAX_JSON_DEPTH:
         raise ValidationError.field(name, f"is nested too deeply (more than {MAX_JSON_DEPTH} levels)")
     try:
         encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
@@ -117,15 +117,18 @@ def check_json(name: str, value: Any, limit: int) -> str:
         raise ValidationError.field(name, "must be valid JSON (no NaN or Infinity)") from None
     except RecursionError:
         raise ValidationError.field(name, "is nested too deeply") from None
-    try:
-        size = len(encoded.encode())
-    except UnicodeEncodeError:
-        raise ValidationError.field(name, "must be valid Unicode (no lone surrogates)") from None
+    if encoded.isascii():  # the common case: one byte per character, no surrogates to refuse
+        size = len(encoded)
+    else:
+        try:
+            size = len(encoded.encode())
+        except UnicodeEncodeError:
+            raise ValidationError.field(name, "must be valid Unicode (no lone surrogates)") from None
     if size > limit:
         raise PayloadTooLarge(
             f"{name}: larger than the limit of {limit} bytes", {name: [f"larger than {limit} bytes"]}
         )
-    if _ESCAPED_NUL.search(encoded):
+    if "\\u0000" in encoded and _ESCAPED_NUL.search(encoded):
         raise ValidationError.field(name, "must not contain NUL characters (PostgreSQL cannot store them)")
     return encoded
 
@@ -166,21 +169,21 @@ def _queue(data: Mapping[str, Any], name: str) -> str | None:
     return queue
 
 
-def _first(*values: Any) -> Any:
-    return next((v for v in values if v is not None), None)
-
-
 def parse_task_spec(data: Any) -> TaskSpec:
     """Validate a producer's request. Accepts `queue_name` for `queue` and `scheduled_at` for `run_at`:
     either may be sent, each is validated when present, and the first wins when both are."""
     if not isinstance(data, Mapping):
         raise ValidationError("the request body must be a JSON object", {"body": ["must be a JSON object"]})
     task_name = _text("task_name", data.get("task_name"), required=True)
-    queue = _first(_queue(data, "queue"), _queue(data, "queue_name"))
+    queue = _queue(data, "queue")
+    alias = _queue(data, "queue_name")
+    if queue is None:
+        queue = alias
     if queue is None:
         raise ValidationError.field("queue", "this field is required")
     assert task_name is not None
-    limit = valka_settings.MAX_PAYLOAD_BYTES
+    conf = valka_settings.all()  # one settings look-up: this runs for each item of a batch
+    limit = conf["MAX_PAYLOAD_BYTES"]
     payload = data.get("input")
     input_json = check_json("input", payload, limit)
     metadata = data.get("metadata")
@@ -188,21 +191,25 @@ def parse_task_spec(data: Any) -> TaskSpec:
         metadata = {}
     if not isinstance(metadata, dict):
         raise ValidationError.field("metadata", "must be a JSON object")
-    metadata_json = check_json("metadata", metadata, limit)
+    metadata_json = check_json("metadata", metadata, limit) if metadata else "{}"
     idempotency_key = _text("idempotency_key", data.get("idempotency_key"), required=False)
+    priority = _int("priority", data.get("priority"), 0, INT32_MIN, INT32_MAX)
+    max_retries = _int("max_retries", data.get("max_retries"), conf["MAX_RETRIES"], 0, MAX_RETRIES_LIMIT)
+    timeout_seconds = _int(
+        "timeout_seconds", data.get("timeout_seconds"), conf["DEFAULT_TIMEOUT_SECONDS"], *TIMEOUT_RANGE
+    )
+    run_at = parse_datetime("run_at", data.get("run_at"))
+    scheduled_at = parse_datetime("scheduled_at", data.get("scheduled_at"))
     return TaskSpec(
         task_name=task_name,
         queue=queue,
         input=payload,
         metadata=metadata,
-        priority=_int("priority", data.get("priority"), 0, INT32_MIN, INT32_MAX),
-        max_retries=_int("max_retries", data.get("max_retries"), valka_settings.MAX_RETRIES, 0, MAX_RETRIES_LIMIT),
-        timeout_seconds=_int(
-            "timeout_seconds", data.get("timeout_seconds"), valka_settings.DEFAULT_TIMEOUT_SECONDS, *TIMEOUT_RANGE
-        ),
+        priority=priority,
+        max_retries=max_retries,
+        timeout_seconds=timeout_seconds,
         idempotency_key=idempotency_key,
-        run_at=_first(parse_datetime("run_at", data.get("run_at")),
-                      parse_datetime("scheduled_at", data.get("scheduled_at"))),
+        run_at=run_at if run_at is not None else scheduled_at,
         input_json=input_json,
         metadata_json=metadata_json,
     )

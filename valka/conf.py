@@ -16,5 +16,9 @@ class ValkaSettings:
         except KeyError:
             raise AttributeError(f"unknown Valka setting {name!r}") from None
 
+    def all(self) -> dict[str, Any]:
+        """Every setting at once, for code that reads several in a hot loop."""
+        return settings.VALKA
+
 
 valka_settings = ValkaSettings()
