@@ -46,19 +46,17 @@ async def _check_if_idle(conn: AsyncConnection) -> None:
         await AsyncConnectionPool.check_connection(conn)
 
 
-async def _commit_without_flush(conn: AsyncConnection) -> None:
-    await conn.execute("SET synchronous_commit = off")
-
-
 def make_pool(application_name: str, min_size: int = 1, max_size: int = 4, *,
-              wait_for_flush: bool = True) -> AsyncConnectionPool:
+              session: str = "") -> AsyncConnectionPool:
     """A pool that checks idle connections on borrow, so a PostgreSQL restart heals itself.
 
-    `wait_for_flush=False` makes its commits return before their WAL reaches the disk
-    (synchronous_commit off): only for writes a crash may lose harmlessly, because the
-    next durable commit of any session flushes them anyway and losing them only undoes
-    a step that is redone (see the dispatcher's claims).
+    `session` is SQL run once on each new connection (settings for a pool that runs one
+    kind of statement, such as the dispatcher's claims).
     """
+
+    async def configure(conn: AsyncConnection) -> None:
+        await conn.execute(session)
+
     return AsyncConnectionPool(
         conninfo(application_name=application_name),
         min_size=min_size,
@@ -66,7 +64,7 @@ def make_pool(application_name: str, min_size: int = 1, max_size: int = 4, *,
         open=False,
         check=_check_if_idle,
         reset=_mark_returned,
-        configure=None if wait_for_flush else _commit_without_flush,
+        configure=configure if session else None,
         kwargs={"autocommit": True},
         reconnect_timeout=0,  # keep trying forever; the loops back off and log
         timeout=10,

@@ -99,11 +99,9 @@ class DispatcherNode:
     def __init__(self, settings: NodeSettings | None = None) -> None:
         self.settings = settings or NodeSettings.from_settings()
         self.pool = make_pool(f"valka-dispatcher {self.settings.node_id}", min_size=2, max_size=6)
-        # Claims commit without waiting for their WAL flush: a claim a crash of PostgreSQL loses
-        # leaves its task PENDING, to be claimed again (at-least-once, as for any crash after a
-        # send), and the start written after it is durable only once the claim is too.
+        # Claims run on connections of their own, set up for that one statement (sql.CLAIM_SESSION).
         self.claim_pool = make_pool(f"valka-dispatcher-claim {self.settings.node_id}", min_size=1, max_size=2,
-                                    wait_for_flush=False)
+                                    session=sql.CLAIM_SESSION)
         self.sessions: dict[str, WorkerSession] = {}  # by worker id
         self.claimer = Claimer(self)
         self.fanout = Fanout()  # task events and log wake-ups for ApiService subscribers

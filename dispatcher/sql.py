@@ -7,6 +7,15 @@ Each runs once per batch, never once per message. Status changes are built by
 from tasks.notify import TASK_LOG, TASK_READY
 from tasks.states import TaskStatus, guarded_update
 
+# -- The claim connections' settings (they run CLAIM and nothing else). --
+# Their commits do not wait for the WAL flush: a claim a crash of PostgreSQL loses leaves its task
+# PENDING, to be claimed again (at-least-once, as for any crash after a send), and the start
+# written after it is durable only once the claim is too. No sorts: right after a burst of
+# inserts the statistics still say "no PENDING rows", and the planner would rather fetch every
+# PENDING task of the queue by tasks_queue_status_idx and sort them than walk tasks_dispatch_idx
+# in order and stop at the limit.
+CLAIM_SESSION = "SET synchronous_commit = off; SET enable_sort = off"
+
 # -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --
 # Matches tasks_dispatch_idx (queue, priority DESC, run_at, id) WHERE status = 'PENDING'.
 # SKIP LOCKED lets dispatchers claim side by side without waiting on each other.
