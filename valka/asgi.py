@@ -67,48 +67,42 @@ class Application:
     async def _respond(self, scope: dict[str, Any], body: Any, send: Send) -> None:
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
-        status, headers, chunks, stream = await loop.run_in_executor(
-            self.executor, context.run, self._run, _environ(scope, body))
-        await send({"type": "http.response.start", "status": status, "headers": headers})
-        if stream is None:
-            await send({"type": "http.response.body", "body": b"".join(chunks)})
-            return
-        queue: asyncio.Queue[bytes | None] = asyncio.Queue(maxsize=4)
+        response = await loop.run_in_executor(
+            self.executor, context.run, self._run, _environ(scope, body), loop, send)
+        if response is not None:
+            status, headers, content = response
+            await send({"type": "http.response.start", "status": status, "headers": headers})
+            await send({"type": "http.response.body", "body": content})
 
-        def pump() -> None:
-            # The same thread that ran the request iterates and closes the response, so Django's
-            # end-of-request (database connections back to the pool) happens on that thread.
-            with _closing(stream):
-                batch: list[bytes] = []
-                size = 0
-                for chunk in stream:
-                    batch.append(chunk)
-                    size += len(chunk)
-                    if size >= STREAM_BATCH:
-                        asyncio.run_coroutine_threadsafe(queue.put(b"".join(batch)), loop).result()
-                        batch, size = [], 0
-                asyncio.run_coroutine_threadsafe(queue.put(b"".join(batch)), loop).result()
-            asyncio.run_coroutine_threadsafe(queue.put(None), loop).result()
-
-        future = loop.run_in_executor(self.executor, context.run, pump)
-        while (chunk := await queue.get()) is not None:
-            await send({"type": "http.response.body", "body": chunk, "more_body": True})
-        await future
-        await send({"type": "http.response.body", "body": b""})
-
-    def _run(self, environ: dict[str, Any]) -> tuple[int, list[tuple[bytes, bytes]], list[bytes], Any]:
+    def _run(self, environ: dict[str, Any], loop: asyncio.AbstractEventLoop,
+             send: Send) -> tuple[int, list[tuple[bytes, bytes]], bytes] | None:
+        """Run the request on this thread. A whole response is returned for the event loop to send;
+        a streaming one (static files) is sent from here as it is read, so that this thread also
+        closes it, and with it ends Django's request (database connections back to the pool)."""
         started: list[Any] = []
 
         def start_response(status: str, headers: list[tuple[str, str]], exc_info: Any = None) -> None:
             started[:] = [int(status.split(" ", 1)[0]),
                           [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers]]
 
+        def send_now(message: dict[str, Any]) -> None:
+            asyncio.run_coroutine_threadsafe(send(message), loop).result()
+
         response = self.wsgi(environ, start_response)
-        if getattr(response, "streaming", False):
-            return started[0], started[1], [], response
         with _closing(response):
-            chunks = list(response)
-        return started[0], started[1], chunks, None
+            if not getattr(response, "streaming", False):
+                return started[0], started[1], b"".join(response)
+            send_now({"type": "http.response.start", "status": started[0], "headers": started[1]})
+            batch: list[bytes] = []
+            size = 0
+            for chunk in response:
+                batch.append(chunk)
+                size += len(chunk)
+                if size >= STREAM_BATCH:
+                    send_now({"type": "http.response.body", "body": b"".join(batch), "more_body": True})
+                    batch, size = [], 0
+            send_now({"type": "http.response.body", "body": b"".join(batch)})
+        return None
 
 
 class _closing:
