@@ -10,14 +10,13 @@ from tasks.states import TaskStatus, guarded_update
 # -- The claim connections' settings (they run CLAIM and nothing else). --
 # Their commits do not wait for the WAL flush: a claim a crash of PostgreSQL loses leaves its task
 # PENDING, to be claimed again (at-least-once, as for any crash after a send), and the start
-# written after it is durable only once the claim is too. No sorts: right after a burst of
-# inserts the statistics still say "no PENDING rows", and the planner would rather fetch every
-# PENDING task of the queue by tasks_queue_status_idx and sort them than walk tasks_dispatch_idx
-# in order and stop at the limit.
-CLAIM_SESSION = "SET synchronous_commit = off; SET enable_sort = off"
+# written after it is durable only once the claim is too.
+CLAIM_SESSION = "SET synchronous_commit = off"
 
 # -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --
-# Matches tasks_dispatch_idx (queue, priority DESC, run_at, id) WHERE status = 'PENDING'.
+# Matches tasks_dispatch_idx (queue, priority DESC, run_at, id) WHERE status = 'PENDING', and
+# tasks_queue_status_idx (queue, status, priority DESC, run_at, id): both give the claim order,
+# so whichever the planner takes, nothing is sorted and the scan stops at the limit.
 # SKIP LOCKED lets dispatchers claim side by side without waiting on each other.
 # The UPDATE joins the picked rows on their physical address (a TID scan per row; they are
 # locked, so they cannot move): joined on id, even as an id array, the planner, trusting stale

@@ -92,7 +92,11 @@ class Task(models.Model):
             models.Index(fields=["updated_at"], name="tasks_dispatching_idx", condition=Q(status="DISPATCHING")),
             # Retention: finished tasks by age.
             models.Index(fields=["finished_at"], name="tasks_finished_idx", condition=Q(status__in=_final)),
-            models.Index(fields=["queue", "status"], name="tasks_queue_status_idx"),
+            # Counts and filters by queue × status. Ordered like the claim inside each pair, so a
+            # claim the planner sends here (statistics that predate a burst) still stops at its limit.
+            models.Index(
+                "queue", "status", models.F("priority").desc(), "run_at", "id", name="tasks_queue_status_idx",
+            ),
             models.Index(fields=["task_name"], name="tasks_task_name_idx"),
             models.Index(fields=["created_at"], name="tasks_created_idx"),
             # Replays by origin (and the foreign keys' ON DELETE SET NULL), for the few tasks that have one.
