@@ -3,6 +3,12 @@
 Woken by NOTIFY (a task became claimable), by a freed slot, or by a new
 worker; a slow poll backs every wake-up. One claim statement per queue per
 pass, sized to the queue's free slots, spread round-robin over its workers.
+
+Under load, results free slots one or two at a time; a claim for each would
+cost a statement (and a walk of the claim index) per couple of tasks. So a
+pass woken only by freed slots, while under a quarter of the queue's slots
+are free, waits GATHER first and claims for all the slots freed meanwhile.
+An idle worker's slots are all free: a new task is claimed at once.
 """
 
 from __future__ import annotations
@@ -23,6 +29,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("valka.dispatcher")
 
 MAX_BATCH = 500
+GATHER = 0.002  # seconds
 
 
 class Claimer:
@@ -31,6 +38,7 @@ class Claimer:
         self._wake = asyncio.Event()
         self._queues: set[str] = set()
         self._everything = True
+        self._urgent = True  # a wake-up other than a freed slot is pending
         self._turn = itertools.count()
 
     def wake(self, queue: str | None = None) -> None:
@@ -38,7 +46,20 @@ class Claimer:
             self._everything = True
         else:
             self._queues.add(queue)
+        self._urgent = True
         self._wake.set()
+
+    def freed(self, queue: str) -> None:
+        """A slot of `queue` was freed (a result came back)."""
+        self._queues.add(queue)
+        self._wake.set()
+
+    def _few_free(self, queues: set[str]) -> bool:
+        for queue in queues:
+            sessions = self.node.sessions_for(queue)
+            if sum(s.free_slots() for s in sessions) * 4 >= sum(s.concurrency for s in sessions):
+                return False
+        return True
 
     async def run(self, stop: asyncio.Event) -> None:
         poll = self.node.settings.poll_interval
@@ -47,12 +68,14 @@ class Claimer:
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=poll)
             except TimeoutError:
-                self._everything = True
+                self._everything = self._urgent = True
             if stop.is_set() or self.node.stopping:
                 return
+            if not self._urgent and self._few_free(self._queues):
+                await asyncio.sleep(GATHER)
             self._wake.clear()
             queues = self.node.served_queues() if self._everything else self._queues & self.node.served_queues()
-            self._everything, self._queues = False, set()
+            self._everything, self._queues, self._urgent = False, set(), False
             try:
                 for queue in sorted(queues):
                     await self.claim_queue(queue)
@@ -60,6 +83,7 @@ class Claimer:
             except Exception:
                 log.exception("dispatcher: claiming failed; retrying in %.1fs", backoff)
                 self._queues |= queues
+                self._urgent = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 self._wake.set()
@@ -78,8 +102,8 @@ class Claimer:
             return 0
         rows.sort(key=lambda r: (-r[7], r[8], r[0]))
         self._distribute(queue, rows, sessions)
-        if len(rows) == limit:
-            self.wake(queue)  # there may be more where these came from
+        if len(rows) == MAX_BATCH:
+            self.wake(queue)  # slots are still free and there may be more tasks where these came from
         return len(rows)
 
     def _distribute(self, queue: str, rows: list[tuple], sessions: list[WorkerSession]) -> None:

@@ -259,7 +259,7 @@ class DispatcherNode:
             return f"task_result: task_run_id {result.task_run_id!r} is not a run id"
         entry = session.release(result.task_run_id)
         if entry is not None:
-            self.claimer.wake(entry.queue)
+            self.claimer.freed(entry.queue)
         if result.success:
             output = json_or_none(result.output) if result.output else None
             if result.output and output is None:
