@@ -31,8 +31,14 @@ BEGIN
 END $$ LANGUAGE plpgsql;
 
 CREATE OR REPLACE FUNCTION valka_count_task_transitions() RETURNS trigger AS $$
-DECLARE previous jsonb := {PREVIOUS};
+DECLARE previous jsonb;
 BEGIN
+    -- Claims and starts (most statements) finish nothing: nothing to count, nothing to look up.
+    IF NOT EXISTS (SELECT 1 FROM new_rows
+                   WHERE status IN ('COMPLETED', 'FAILED', 'RETRY', 'DEAD_LETTER', 'CANCELLED')) THEN
+        RETURN NULL;
+    END IF;
+    previous := {PREVIOUS};
     INSERT INTO task_counters AS c (minute, queue, kind, shard, n)
     SELECT date_trunc('minute', statement_timestamp()), n.queue,
            CASE n.status WHEN 'COMPLETED' THEN 'completed' WHEN 'FAILED' THEN 'failed'
