@@ -127,8 +127,9 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
         """Every task status change from now on (of `queue_name` if given), until the client leaves."""
         await _authorize(context)
         inbox = self.fanout.subscribe(TASK_EVENT)
-        await context.send_initial_metadata((("x-valka-subscribed", "events"),))
         try:
+            await self.fanout.ready()
+            await context.send_initial_metadata((("x-valka-subscribed", "events"),))
             while True:
                 payload = await inbox.get()
                 if payload == OVERFLOW:
@@ -150,6 +151,7 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id} not found")
         inbox = self.fanout.subscribe(TASK_LOG)
         try:
+            await self.fanout.ready()
             after = 0 if request.include_history else await _db(_last_log_id)(request.task_run_id)
             while True:
                 for line in await _db(selectors.run_log_page)(run_id=request.task_run_id, after=after):

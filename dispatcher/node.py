@@ -26,7 +26,7 @@ from dispatcher.session import WorkerSession
 from dispatcher.signals import SignalRelay
 from tasks.errors import ValkaError
 from tasks.live import Fanout
-from tasks.notify import SIGNAL_SENT, TASK_CANCELLED, TASK_EVENT, TASK_LOG, TASK_READY
+from tasks.notify import SIGNAL_SENT, TASK_CANCELLED, TASK_READY
 from tasks.retry import RetryPolicy
 from tasks.specs import check_json
 from tasks.sql import outcomes
@@ -104,12 +104,13 @@ class DispatcherNode:
                                     session=sql.CLAIM_SESSION)
         self.sessions: dict[str, WorkerSession] = {}  # by worker id
         self.claimer = Claimer(self)
-        self.fanout = Fanout()  # task events and log wake-ups for ApiService subscribers
+        # Task events and log wake-ups for ApiService subscribers, on a LISTEN connection of their own
+        # opened by the first subscriber: most nodes never serve one.
+        self.fanout = Fanout(conninfo(application_name=f"valka-dispatcher-events {self.settings.node_id}"))
         self.flusher = Flusher(self)
         self.listener = Listener(
             conninfo(application_name=f"valka-dispatcher-listen {self.settings.node_id}"),
-            {TASK_READY: self.claimer.wake, TASK_CANCELLED: self._on_cancel_notify, SIGNAL_SENT: self._on_signal,
-             TASK_EVENT: self.fanout.publisher(TASK_EVENT), TASK_LOG: self.fanout.publisher(TASK_LOG)},
+            {TASK_READY: self.claimer.wake, TASK_CANCELLED: self._on_cancel_notify, SIGNAL_SENT: self._on_signal},
             on_reconnect=lambda: self.claimer.wake(None),
         )
         self.stopping = False
@@ -152,6 +153,7 @@ class DispatcherNode:
             await asyncio.sleep(0.05)
         self._flusher_stop.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self.fanout.close()
         await self.claim_pool.close()
         await self.pool.close()
 

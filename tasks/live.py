@@ -2,8 +2,11 @@
 
 One LISTEN connection per process (per event loop) feeds every subscriber:
 SSE clients of the web app, gRPC SubscribeEvents/SubscribeLogs streams of a
-dispatcher. A subscriber that falls behind loses the oldest notifications
-rather than slowing everyone down (it is told with an `overflow` marker).
+dispatcher. It is opened by the first subscription, not before: every status
+change is a notification, and a process nobody watches through should not
+receive (and PostgreSQL should not deliver) them all. A subscriber that falls
+behind loses the oldest notifications rather than slowing everyone down (it
+is told with an `overflow` marker).
 """
 
 from __future__ import annotations
@@ -20,11 +23,30 @@ OVERFLOW = "__overflow__"
 
 
 class Fanout:
-    """Subscribers per channel; `publish` never blocks."""
+    """Subscribers per channel; `publish` never blocks. Given `conninfo`, the first subscription
+    opens the LISTEN connection that feeds it (kept until `close`)."""
 
-    def __init__(self) -> None:
+    def __init__(self, conninfo: str | None = None) -> None:
         self._subscribers: dict[str, set[asyncio.Queue[str]]] = {}
+        self._conninfo = conninfo
+        self._stop = asyncio.Event()
+        self._listener: asyncio.Task | None = None
         self.listening: asyncio.Event | None = None  # set while the LISTEN connection is up
+
+    def _listen(self) -> None:
+        if self._conninfo is None or (self._listener is not None and not self._listener.done()):
+            return
+        from valka.listen import Listener
+
+        listener = Listener(self._conninfo, {TASK_EVENT: self.publisher(TASK_EVENT),
+                                             TASK_LOG: self.publisher(TASK_LOG)}, on_reconnect=lambda: None)
+        self.listening = listener.connected
+        self._listener = asyncio.get_running_loop().create_task(listener.run(self._stop))
+
+    async def close(self) -> None:
+        self._stop.set()
+        if self._listener is not None:
+            await asyncio.gather(self._listener, return_exceptions=True)
 
     async def ready(self, timeout: float = 5.0) -> None:
         """Wait (bounded) until notifications flow, so a new subscriber misses nothing after this."""
@@ -35,8 +57,10 @@ class Fanout:
                 pass
 
     def subscribe(self, channel: str) -> asyncio.Queue[str]:
+        """A queue of the channel's payloads; `await ready()` before relying on what it will get."""
         queue: asyncio.Queue[str] = asyncio.Queue(QUEUE_LIMIT)
         self._subscribers.setdefault(channel, set()).add(queue)
+        self._listen()
         return queue
 
     def unsubscribe(self, channel: str, queue: asyncio.Queue[str]) -> None:
@@ -65,22 +89,15 @@ def decode_events(payload: str) -> list[dict[str, Any]]:
     return events if isinstance(events, list) else [events]
 
 
-_hubs: dict[int, tuple[Fanout, asyncio.Task]] = {}
+_hubs: dict[int, Fanout] = {}
 
 
 def process_fanout() -> Fanout:
-    """The fanout of this process's event loop, started on first use."""
+    """The fanout of this process's event loop (its LISTEN connection opens with the first subscriber)."""
     from dispatcher.db import conninfo
-    from valka.listen import Listener
 
     loop = asyncio.get_running_loop()
-    entry = _hubs.get(id(loop))
-    if entry is None or entry[1].done():
-        fanout = Fanout()
-        listener = Listener(conninfo(application_name="valka-web-listen"),
-                            {TASK_EVENT: fanout.publisher(TASK_EVENT), TASK_LOG: fanout.publisher(TASK_LOG)},
-                            on_reconnect=lambda: None)
-        fanout.listening = listener.connected
-        task = loop.create_task(listener.run(asyncio.Event()))
-        _hubs[id(loop)] = entry = (fanout, task)
-    return entry[0]
+    fanout = _hubs.get(id(loop))
+    if fanout is None:
+        fanout = _hubs[id(loop)] = Fanout(conninfo(application_name="valka-web-listen"))
+    return fanout
