@@ -119,9 +119,9 @@ class Claimer:
                     session = candidate
                     break
             if session is None:  # every session closed meanwhile
-                unsent.append(str(task_id))
+                unsent.append(task_id)
                 continue
-            entry = InFlight(task_id=str(task_id), run_id=str(uuid7()), queue=queue, attempt=attempt)
+            entry = InFlight(task_id=task_id, run_id=str(uuid7()), queue=queue, attempt=attempt)
             session.reserve(entry)
             session.send(pb.WorkerResponse(task_assignment=pb.TaskAssignment(
                 task_id=entry.task_id, task_run_id=entry.run_id, queue_name=queue, task_name=task_name,

@@ -202,11 +202,11 @@ class Flusher:
             "node_id": self.node.settings.node_id,
         })
         rows = await cur.fetchall()
-        with_signals = [str(task_id) for task_id, has_signals in rows if has_signals]
+        with_signals = [task_id for task_id, has_signals in rows if has_signals]
         if with_signals:
             # Signals sent while the task waited go out right after its assignment (after the commit).
             self._taken_signals = await self.node.signal_handler.take(conn, with_signals)
-        return {str(task_id) for task_id, _ in rows}
+        return {task_id for task_id, _ in rows}
 
     def _settle_starts(self, starts: list[tuple[InFlight, str]], started: set[str]) -> None:
         for entry, _ in starts:

@@ -29,7 +29,7 @@ CLAIM = "WITH picked AS MATERIALIZED (" \
         from_="picked",
         where="tasks.ctid = picked.ctid",
         set="claimed_by = %(node_id)s",
-        returning="tasks.id, tasks.task_name, tasks.queue, tasks.input::text, tasks.metadata::text, "
+        returning="tasks.id::text, tasks.task_name, tasks.queue, tasks.input::text, tasks.metadata::text, "
                   "tasks.attempt_count + 1 AS attempt_number, tasks.timeout_seconds, tasks.priority, tasks.run_at",
     )
 
@@ -57,7 +57,7 @@ SELECT run_id, id, attempt_count, worker_id, 'RUNNING', now() + make_interval(se
        now(), now()
 FROM moved
 ON CONFLICT DO NOTHING
-RETURNING task_id,
+RETURNING task_id::text,
     EXISTS (SELECT 1 FROM signals s WHERE s.task_id = task_runs.task_id AND s.status = 'PENDING') AS has_signals
 """
 

@@ -27,7 +27,7 @@ async def claim_and_start(conn, queue: str) -> tuple[uuid.UUID, int, uuid.UUID]:
     cur = await conn.execute(dispatcher_sql.CLAIM, {"queue": queue, "limit": 10, "node_id": NODE})
     rows = await cur.fetchall()
     assert len(rows) == 1, rows
-    task_id, attempt = rows[0][0], rows[0][5]
+    task_id, attempt = uuid.UUID(rows[0][0]), rows[0][5]  # the claim returns ids as text
     run_id = uuid.uuid4()
     await conn.execute(dispatcher_sql.START_RUNS, {"task_ids": [task_id], "run_ids": [run_id],
                                                    "worker_ids": [WORKER], "node_id": NODE})
