@@ -50,11 +50,17 @@ class TaskContext:
         self._emit_log = emit_log
         self._loop = loop
         self._ack_signal = ack_signal
-        self._cancelled = threading.Event()
+        self._cancelled = False  # set once, read from any thread
         self.cancel_reason = ""
         self.cancelled_by_server = False
-        self._signals: asyncio.Queue[Signal] = asyncio.Queue()
+        self._inbox: asyncio.Queue[Signal] | None = None  # made by the first signal or reader
         self._seen_signals: set[str] = set()
+
+    @property
+    def _signals(self) -> asyncio.Queue[Signal]:
+        if self._inbox is None:
+            self._inbox = asyncio.Queue()
+        return self._inbox
 
     # -- logging: lines are batched and streamed to the server --
     def log(self, message: str, level: str = "INFO", **metadata: Any) -> None:
@@ -78,17 +84,17 @@ class TaskContext:
     # -- cancellation --
     @property
     def cancelled(self) -> bool:
-        return self._cancelled.is_set()
+        return self._cancelled
 
     def raise_if_cancelled(self) -> None:
         """For sync handlers: stop here if the task was cancelled."""
-        if self._cancelled.is_set():
+        if self._cancelled:
             raise TaskCancelled(self.cancel_reason or "cancelled")
 
     def _cancel(self, reason: str, *, by_server: bool) -> None:
         self.cancel_reason = reason
         self.cancelled_by_server = by_server
-        self._cancelled.set()
+        self._cancelled = True
 
     # -- signals --
     def _deliver(self, signal: Signal) -> None:
