@@ -10,28 +10,49 @@ from tasks.states import TaskStatus, guarded_update
 # -- The claim connections' settings (they run CLAIM and nothing else). --
 # Their commits do not wait for the WAL flush: a claim a crash of PostgreSQL loses leaves its task
 # PENDING, to be claimed again (at-least-once, as for any crash after a send), and the start
-# written after it is durable only once the claim is too.
-CLAIM_SESSION = "SET synchronous_commit = off"
+# written after it is durable only once the claim is too. No hash or merge joins: the UPDATE must
+# reach the picked rows one by one by address; on statistics that predate a burst of new tasks,
+# the planner would rather read every PENDING task of the index and hash them against the pick.
+# (The status-change triggers' only join, to task_runs, is an index lookup per row either way.)
+CLAIM_SESSION = "SET synchronous_commit = off; SET enable_hashjoin = off; SET enable_mergejoin = off"
 
 # -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --
-# Matches tasks_dispatch_idx (queue, priority DESC, run_at, id) WHERE status = 'PENDING', and
-# tasks_queue_status_idx (queue, status, priority DESC, run_at, id): both give the claim order,
-# so whichever the planner takes, nothing is sorted and the scan stops at the limit.
+# Priority by priority: the queue's PENDING priorities, highest first, are found one index probe
+# each (`priorities`); within one priority the due tasks are a range of tasks_queue_status_idx
+# (queue, status, priority DESC, run_at, id) that ends at the first task not yet due. A single
+# scan of the queue in claim order would read past every future-scheduled task of a priority
+# before giving up on it: with many tasks scheduled for later and few due, every claim read
+# them all. Nothing is sorted, and the scans stop at the limit.
 # SKIP LOCKED lets dispatchers claim side by side without waiting on each other.
 # The UPDATE joins the picked rows on their physical address (a TID scan per row; they are
 # locked, so they cannot move): joined on id, even as an id array, the planner, trusting stale
 # statistics right after a bulk insert, walked the whole PENDING index for every claim.
-CLAIM = "WITH picked AS MATERIALIZED (" \
-    "SELECT ctid FROM tasks WHERE status = 'PENDING' AND queue = %(queue)s AND run_at <= now() " \
-    "ORDER BY priority DESC, run_at, id LIMIT %(limit)s FOR UPDATE SKIP LOCKED) " + guarded_update(
-        TaskStatus.DISPATCHING,
-        sources=[TaskStatus.PENDING],
-        from_="picked",
-        where="tasks.ctid = picked.ctid",
-        set="claimed_by = %(node_id)s",
-        returning="tasks.id::text, tasks.task_name, tasks.queue, tasks.input::text, tasks.metadata::text, "
-                  "tasks.attempt_count + 1 AS attempt_number, tasks.timeout_seconds, tasks.priority, tasks.run_at",
-    )
+CLAIM = """
+WITH RECURSIVE priorities(priority) AS (
+    (SELECT priority FROM tasks WHERE status = 'PENDING' AND queue = %(queue)s ORDER BY priority DESC LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.priority FROM tasks t
+            WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.priority < p.priority
+            ORDER BY t.priority DESC LIMIT 1)
+    FROM priorities p WHERE p.priority IS NOT NULL
+), picked AS MATERIALIZED (
+    SELECT due.ctid FROM priorities p CROSS JOIN LATERAL (
+        SELECT t.ctid FROM tasks t
+        WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.priority = p.priority AND t.run_at <= now()
+        ORDER BY t.run_at, t.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) due
+    WHERE p.priority IS NOT NULL
+    LIMIT %(limit)s
+)
+""" + guarded_update(
+    TaskStatus.DISPATCHING,
+    sources=[TaskStatus.PENDING],
+    from_="picked",
+    where="tasks.ctid = picked.ctid",
+    set="claimed_by = %(node_id)s",
+    returning="tasks.id::text, tasks.task_name, tasks.queue, tasks.input::text, tasks.metadata::text, "
+              "tasks.attempt_count + 1 AS attempt_number, tasks.timeout_seconds, tasks.priority, tasks.run_at",
+)
 
 # -- Sent: DISPATCHING → RUNNING, one attempt counted, the run row written with its lease. --
 # A task cancelled between claim and send is not DISPATCHING any more: no run is written for it;
