@@ -10,11 +10,14 @@ from tasks.states import TaskStatus, guarded_update
 # -- The claim connections' settings (they run CLAIM and nothing else). --
 # Their commits do not wait for the WAL flush: a claim a crash of PostgreSQL loses leaves its task
 # PENDING, to be claimed again (at-least-once, as for any crash after a send), and the start
-# written after it is durable only once the claim is too. No hash or merge joins: the UPDATE must
-# reach the picked rows one by one by address; on statistics that predate a burst of new tasks,
-# the planner would rather read every PENDING task of the index and hash them against the pick.
-# (The status-change triggers' only join, to task_runs, is an index lookup per row either way.)
-CLAIM_SESSION = "SET synchronous_commit = off; SET enable_hashjoin = off; SET enable_mergejoin = off"
+# written after it is durable only once the claim is too.
+# A claim is a few index probes and an update by address, whatever the table holds. A queue
+# table's statistics are always behind (taken when it was empty, or before the last burst), and
+# on them the planner would scan the table or hash every PENDING task against the pick; so no
+# sequential scans, hash or merge joins on these connections. (The status-change triggers that
+# run inside a claim read their transition tables and join task_runs by index either way.)
+CLAIM_SESSION = ("SET synchronous_commit = off; SET enable_seqscan = off; SET enable_hashjoin = off; "
+                 "SET enable_mergejoin = off")
 
 # -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --
 # Priority by priority: the queue's PENDING priorities, highest first, are found one index probe
@@ -24,9 +27,9 @@ CLAIM_SESSION = "SET synchronous_commit = off; SET enable_hashjoin = off; SET en
 # before giving up on it: with many tasks scheduled for later and few due, every claim read
 # them all. Nothing is sorted, and the scans stop at the limit.
 # SKIP LOCKED lets dispatchers claim side by side without waiting on each other.
-# The UPDATE joins the picked rows on their physical address (a TID scan per row; they are
-# locked, so they cannot move): joined on id, even as an id array, the planner, trusting stale
-# statistics right after a bulk insert, walked the whole PENDING index for every claim.
+# The UPDATE reaches the picked rows by their physical address (a TID scan; they are locked, so
+# they cannot move): joined on id, the planner, trusting stale statistics right after a bulk
+# insert, walked the whole PENDING index for every picked row.
 CLAIM = """
 WITH RECURSIVE priorities(priority) AS (
     (SELECT priority FROM tasks WHERE status = 'PENDING' AND queue = %(queue)s ORDER BY priority DESC LIMIT 1)
@@ -47,8 +50,7 @@ WITH RECURSIVE priorities(priority) AS (
 """ + guarded_update(
     TaskStatus.DISPATCHING,
     sources=[TaskStatus.PENDING],
-    from_="picked",
-    where="tasks.ctid = picked.ctid",
+    where="ctid = ANY(ARRAY(SELECT ctid FROM picked))",
     set="claimed_by = %(node_id)s",
     returning="tasks.id::text, tasks.task_name, tasks.queue, tasks.input::text, tasks.metadata::text, "
               "tasks.attempt_count + 1 AS attempt_number, tasks.timeout_seconds, tasks.priority, tasks.run_at",

@@ -8,8 +8,8 @@ whole. Each query walks an index for a bounded number of entries:
 - counts by queue × status probe `tasks_queue_status_idx` once per pair that
   exists and count at most `COUNT_CAP` entries of each; a bigger count is shown
   as the planner's estimate ("≈198k");
-- queue lag reads the head of each (queue, priority) group of the claim index
-  `tasks_dispatch_idx`, whose next column is `run_at`;
+- queue lag reads the head of each (queue, PENDING, priority) range of
+  `tasks_queue_status_idx`, whose next column is `run_at`;
 - throughput comes from `task_counters`, kept by a statement trigger on tasks
   (migration 0005), small because old minutes are folded into one total row.
 """
@@ -61,23 +61,28 @@ WHERE %(statuses)s::text[] IS NULL OR p.status = ANY(%(statuses)s::text[])
 LIMIT %(limit)s
 """
 
-# -- Oldest due PENDING task per queue. The head of each (queue, priority) group of
-# tasks_dispatch_idx is that group's earliest run_at; the earliest head that is due
-# is the queue's oldest due task. One probe per (queue, priority) pair.
+# -- Oldest due PENDING task per queue. The queues are found one index probe each (a loose scan
+# of tasks_queue_status_idx); the head of each (queue, PENDING, priority) range of that index is
+# that priority's earliest run_at, and the earliest head that is due is the queue's oldest due
+# task. One probe per queue and per (queue, priority) pair.
 QUEUE_LAG = """
-WITH RECURSIVE heads(queue, priority, run_at) AS (
-    (SELECT queue, priority, run_at FROM tasks WHERE status = 'PENDING'
-     ORDER BY queue, priority DESC, run_at, id LIMIT 1)
+WITH RECURSIVE queues(queue) AS (
+    (SELECT queue FROM tasks ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM tasks t WHERE t.queue > q.queue ORDER BY t.queue LIMIT 1)
+    FROM queues q WHERE q.queue IS NOT NULL
+), heads(queue, priority, run_at) AS (
+    SELECT h.queue, h.priority, h.run_at FROM queues q CROSS JOIN LATERAL (
+        SELECT t.queue, t.priority, t.run_at FROM tasks t
+        WHERE t.queue = q.queue AND t.status = 'PENDING'
+        ORDER BY t.priority DESC, t.run_at, t.id LIMIT 1
+    ) h
+    WHERE q.queue IS NOT NULL
     UNION ALL
     SELECT n.queue, n.priority, n.run_at FROM heads h CROSS JOIN LATERAL (
-        (SELECT t.queue, t.priority, t.run_at FROM tasks t
-         WHERE t.status = 'PENDING' AND t.queue = h.queue AND t.priority < h.priority
-         ORDER BY t.priority DESC, t.run_at, t.id LIMIT 1)
-        UNION ALL
-        (SELECT t.queue, t.priority, t.run_at FROM tasks t
-         WHERE t.status = 'PENDING' AND t.queue > h.queue
-         ORDER BY t.queue, t.priority DESC, t.run_at, t.id LIMIT 1)
-        LIMIT 1
+        SELECT t.queue, t.priority, t.run_at FROM tasks t
+        WHERE t.queue = h.queue AND t.status = 'PENDING' AND t.priority < h.priority
+        ORDER BY t.priority DESC, t.run_at, t.id LIMIT 1
     ) n
 )
 SELECT queue,

@@ -76,11 +76,6 @@ class Task(models.Model):
             ),
         ]
         indexes = [
-            # The claim: PENDING by queue, highest priority first, then due time, then creation.
-            models.Index(
-                "queue", models.F("priority").desc(), "run_at", "id",
-                name="tasks_dispatch_idx", condition=Q(status="PENDING"),
-            ),
             # The delayed promoter: PENDING tasks created to run later, by due time.
             models.Index(
                 fields=["run_at"], name="tasks_delayed_idx",
@@ -92,8 +87,8 @@ class Task(models.Model):
             models.Index(fields=["updated_at"], name="tasks_dispatching_idx", condition=Q(status="DISPATCHING")),
             # Retention: finished tasks by age.
             models.Index(fields=["finished_at"], name="tasks_finished_idx", condition=Q(status__in=_final)),
-            # Counts and filters by queue × status. Ordered like the claim inside each pair, so a
-            # claim the planner sends here (statistics that predate a burst) still stops at its limit.
+            # The claim (PENDING by queue, then priority by priority, due time, age), the dashboard's
+            # counts by queue × status and queue lag, and the API's filters.
             models.Index(
                 "queue", "status", models.F("priority").desc(), "run_at", "id", name="tasks_queue_status_idx",
             ),
