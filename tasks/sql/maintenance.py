@@ -1,14 +1,14 @@
 """The scheduler's statements: retry, reap, promote, janitor, retention.
 
 Every statement works on a bounded batch (`%(limit)s`) picked with
-`FOR UPDATE SKIP LOCKED`, then reached by its physical address (`ctid`,
-a TID scan; a locked row cannot move): joined on id, the planner, on stale
-statistics, may rescan a whole partial index per picked row). A row another
-transaction holds (a dispatcher writing a result, a cancel, another
-scheduler) is skipped this pass and looked at again on the next, so the scheduler never waits on the hot path
-and never overrules it. Status changes are the state machine's guarded
-updates. `%(now)s` may be NULL (the database clock) or an explicit time, so
-tests move time without sleeping.
+`FOR UPDATE SKIP LOCKED`, then reached by its physical address (`ctid =
+ANY(...)`, a TID scan; a locked row cannot move): joined to the pick, the
+planner, on stale statistics, may rescan a whole index per picked row. A
+row another transaction holds (a dispatcher writing a result, a cancel,
+another scheduler) is skipped this pass and looked at again on the next, so
+the scheduler never waits on the hot path and never overrules it. Status
+changes are the state machine's guarded updates. `%(now)s` may be NULL (the
+database clock) or an explicit time, so tests move time without sleeping.
 """
 
 from tasks.notify import TASK_READY
@@ -29,8 +29,9 @@ WITH picked AS MATERIALIZED (
     WHERE status = 'RETRY' AND run_at <= {NOW} AND attempt_count <= max_retries
     ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), moved AS (
-    {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.RETRY], from_="picked",
-                    where="tasks.ctid = picked.ctid", set="claimed_by = NULL", returning="tasks.id, tasks.queue")}
+    {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.RETRY],
+                    where="ctid = ANY(ARRAY(SELECT ctid FROM picked))", set="claimed_by = NULL",
+                    returning="id, queue")}
 )
 SELECT queue, count(*) AS moved, pg_notify('{TASK_READY}', queue)::text FROM moved GROUP BY queue
 """
@@ -69,8 +70,8 @@ WITH picked AS MATERIALIZED (
     ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), moved AS (
     {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.DISPATCHING],
-                    from_="picked",
-                    where="tasks.ctid = picked.ctid", set="claimed_by = NULL", returning="tasks.id, tasks.queue")}
+                    where="ctid = ANY(ARRAY(SELECT ctid FROM picked))", set="claimed_by = NULL",
+                    returning="id, queue")}
 )
 SELECT queue, count(*) AS moved, pg_notify('{TASK_READY}', queue)::text FROM moved GROUP BY queue
 """
@@ -137,8 +138,8 @@ WITH picked AS MATERIALIZED (
     WHERE status IN ({_RETENTION_FINAL}) AND finished_at < {NOW} - %(days)s * interval '1 day'
     ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
-DELETE FROM tasks USING picked WHERE tasks.ctid = picked.ctid
-RETURNING tasks.id
+DELETE FROM tasks WHERE ctid = ANY(ARRAY(SELECT ctid FROM picked))
+RETURNING id
 """
 
 # -- Dead letters older than %(days)s → deleted, with their DEAD_LETTER task. Returns one row per letter. --
@@ -164,6 +165,6 @@ WITH picked AS MATERIALIZED (
       AND NOT EXISTS (SELECT 1 FROM dead_letter_queue d WHERE d.task_id = t.id)
     ORDER BY finished_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
-DELETE FROM tasks USING picked WHERE tasks.ctid = picked.ctid
-RETURNING tasks.id
+DELETE FROM tasks WHERE ctid = ANY(ARRAY(SELECT ctid FROM picked))
+RETURNING id
 """
