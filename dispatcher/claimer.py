@@ -100,7 +100,6 @@ class Claimer:
             rows = await cur.fetchall()
         if not rows:
             return 0
-        rows.sort(key=lambda r: (-r[7], r[8], r[0]))
         self._distribute(queue, rows, sessions)
         if len(rows) == MAX_BATCH:
             self.wake(queue)  # slots are still free and there may be more tasks where these came from

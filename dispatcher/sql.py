@@ -25,7 +25,7 @@ CLAIM_SESSION = ("SET synchronous_commit = off; SET enable_seqscan = off; SET en
 # (queue, status, priority DESC, run_at, id) that ends at the first task not yet due. A single
 # scan of the queue in claim order would read past every future-scheduled task of a priority
 # before giving up on it: with many tasks scheduled for later and few due, every claim read
-# them all. Nothing is sorted, and the scans stop at the limit.
+# them all. The scans stop at the limit; only the claimed rows are sorted, into claim order.
 # SKIP LOCKED lets dispatchers claim side by side without waiting on each other.
 # The UPDATE reaches the picked rows by their physical address (a TID scan; they are locked, so
 # they cannot move): joined on id, the planner, trusting stale statistics right after a bulk
@@ -46,15 +46,18 @@ WITH RECURSIVE priorities(priority) AS (
     ) due
     WHERE p.priority IS NOT NULL
     LIMIT %(limit)s
-)
-""" + guarded_update(
+), claimed AS (
+    """ + guarded_update(
     TaskStatus.DISPATCHING,
     sources=[TaskStatus.PENDING],
     where="ctid = ANY(ARRAY(SELECT ctid FROM picked))",
     set="claimed_by = %(node_id)s",
-    returning="tasks.id::text, tasks.task_name, tasks.queue, tasks.input::text, tasks.metadata::text, "
-              "tasks.attempt_count + 1 AS attempt_number, tasks.timeout_seconds, tasks.priority, tasks.run_at",
+    returning="id::text, task_name, queue, input::text, metadata::text, attempt_count + 1 AS attempt_number, "
+              "timeout_seconds, priority, run_at",
+) + """
 )
+SELECT * FROM claimed ORDER BY priority DESC, run_at, id
+"""
 
 # -- Sent: DISPATCHING → RUNNING, one attempt counted, the run row written with its lease. --
 # A task cancelled between claim and send is not DISPATCHING any more: no run is written for it;
