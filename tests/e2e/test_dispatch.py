@@ -129,7 +129,8 @@ def test_killed_worker_tasks_are_released_at_once(stack, tmp_path):
     task = services.task_enqueue(task_name="sleep", queue="default", input={"seconds": 2, "mark": str(tmp_path)})
     wait_for(lambda: list(tmp_path.glob(f"{task.id}.started.1.{victim.pid}")), what="the victim runs it")
     victim.send_signal(signal.SIGKILL)
-    t = wait_status(task.id, "RETRY", "PENDING", "DISPATCHING", "RUNNING", "COMPLETED")
+    # The handler may start before the dispatcher has written the run: wait for the row, then for it to be lost.
+    wait_for(lambda: TaskRun.objects.filter(task_id=task.id, attempt_number=1).exists(), what="run 1 written")
     first = TaskRun.objects.get(task_id=task.id, attempt_number=1)
     wait_for(lambda: TaskRun.objects.get(id=first.id).status == "LOST", what="run 1 lost")
     assert TaskRun.objects.get(id=first.id).error_message == "worker disconnected"
