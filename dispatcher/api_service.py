@@ -101,8 +101,8 @@ async def _authorize(context: grpc.aio.ServicerContext) -> None:
 
 
 class ApiService(api_pb2_grpc.ApiServiceServicer):
-    def __init__(self, fanout: Fanout | None = None) -> None:
-        self.fanout = fanout or Fanout()
+    def __init__(self, fanout: Fanout) -> None:
+        self.fanout = fanout  # the node's: its LISTEN connection opens with the first subscriber
     async def CreateTask(self, request, context):  # noqa: N802
         await _authorize(context)
         task = await _call(context, create_task, request)

@@ -54,7 +54,6 @@ class Flusher:
         self._results: list[Result] = []
         self._heartbeats: list[tuple[str, str]] = []  # (worker id, task id)
         self._heard: set[str] = set()  # workers that sent a heartbeat
-        self._taken_signals: list[tuple] = []  # marked DELIVERED in this pass, sent after its commit
         self._logs: list[LogLine] = []
         self._wake = asyncio.Event()
 
@@ -149,7 +148,6 @@ class Flusher:
         On any error the whole pass rolls back and every item goes back to its buffer.
         """
         starts, self._starts = self._starts, []
-        self._taken_signals = []
         starting = {id(entry) for entry, _ in starts}
 
         def ready(gate: InFlight | None) -> bool:
@@ -163,7 +161,7 @@ class Flusher:
         heard, self._heard = self._heard, set()
         try:
             async with self.node.pool.connection() as conn, conn.transaction():
-                started = await self._write_starts(conn, starts) if starts else set()
+                started, taken = await self._write_starts(conn, starts) if starts else (set(), [])
                 if results:
                     await self._write_results(conn, results)
                 if beats:
@@ -187,14 +185,16 @@ class Flusher:
             self._heard |= heard
             raise
         self._settle_starts(starts, started)
-        if self._taken_signals:
-            await self.node.signal_handler.send_taken(self._taken_signals)
+        if taken:  # marked DELIVERED in this pass: sent only now that it has committed
+            await self.node.signal_handler.send_taken(taken)
         if self._results or self._logs:
             # Some wait for a start still on its way from a stream handler; look again shortly.
             await asyncio.sleep(0.001)
             self._wake.set()
 
-    async def _write_starts(self, conn: Any, starts: list[tuple[InFlight, str]]) -> set[str]:
+    async def _write_starts(self, conn: Any, starts: list[tuple[InFlight, str]]) -> tuple[set[str], list[tuple]]:
+        """DISPATCHING → RUNNING with run rows; returns the task ids that moved and the signals
+        that waited for them, taken in this transaction (to send after its commit)."""
         cur = await conn.execute(sql.START_RUNS, {
             "task_ids": [e.task_id for e, _ in starts],
             "run_ids": [e.run_id for e, _ in starts],
@@ -203,10 +203,8 @@ class Flusher:
         })
         rows = await cur.fetchall()
         with_signals = [task_id for task_id, has_signals in rows if has_signals]
-        if with_signals:
-            # Signals sent while the task waited go out right after its assignment (after the commit).
-            self._taken_signals = await self.node.signal_handler.take(conn, with_signals)
-        return {task_id for task_id, _ in rows}
+        taken = await self.node.signal_handler.take(conn, with_signals) if with_signals else []
+        return {task_id for task_id, _ in rows}, taken
 
     def _settle_starts(self, starts: list[tuple[InFlight, str]], started: set[str]) -> None:
         for entry, _ in starts:

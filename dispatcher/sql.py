@@ -71,8 +71,7 @@ WITH input AS (
     TaskStatus.RUNNING,
     sources=[TaskStatus.DISPATCHING],
     from_="input",
-    # The array condition makes the primary key the way in, whatever the statistics say.
-    where="tasks.id = ANY(%(task_ids)s::uuid[]) AND tasks.id = input.task_id AND tasks.claimed_by = %(node_id)s",
+    where="tasks.id = input.task_id AND tasks.claimed_by = %(node_id)s",
     set="attempt_count = tasks.attempt_count + 1, started_at = now(), error_message = NULL",
     returning="tasks.id, tasks.attempt_count, tasks.timeout_seconds, input.run_id, input.worker_id",
 ) + """

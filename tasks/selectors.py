@@ -84,9 +84,9 @@ def run_get(*, task_id: Any, run_id: Any) -> TaskRun:
 def run_logs(*, task_id: Any, run_id: Any, after: int | None = None) -> QuerySet[TaskLog]:
     run = run_get(task_id=task_id, run_id=run_id)
     qs = TaskLog.objects.filter(run_id=run.id).order_by("id")
-    if after is not None and not 0 <= after <= 2**63 - 1:
-        raise ValidationError.field("after", "must be a log id (0 or more)")
     if after is not None:
+        if not 0 <= after <= 2**63 - 1:
+            raise ValidationError.field("after", "must be a log id (0 or more)")
         qs = qs.filter(id__gt=after)
     return qs
 

@@ -107,7 +107,7 @@ def task_enqueue(
             "run_at": run_at,
         }
     )
-    return _insert(spec)[0]
+    return task_create(spec=spec)[0]
 
 
 def task_create_from_data(*, data: Any) -> tuple[Task, bool]:
