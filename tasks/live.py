@@ -2,9 +2,10 @@
 
 One LISTEN connection per process (per event loop) feeds every subscriber:
 SSE clients of the web app, gRPC SubscribeEvents/SubscribeLogs streams of a
-dispatcher. It is opened by the first subscription, not before: every status
-change is a notification, and a process nobody watches through should not
-receive (and PostgreSQL should not deliver) them all. A subscriber that falls
+dispatcher. It is opened by the first subscription, not before, and closed a
+while after the last one leaves: while it is open PostgreSQL builds and sends
+an event for every status change, which costs it about a third of a drain's
+work, so nobody should pay for events nobody reads. A subscriber that falls
 behind loses the oldest notifications rather than slowing everyone down (it
 is told with an `overflow` marker).
 """
@@ -24,27 +25,59 @@ OVERFLOW = "__overflow__"
 
 class Fanout:
     """Subscribers per channel; `publish` never blocks. Given `conninfo`, the first subscription
-    opens the LISTEN connection that feeds it (kept until `close`)."""
+    opens the LISTEN connection that feeds it, and `linger` seconds after the last subscriber
+    leaves it is closed again.
 
-    def __init__(self, conninfo: str | None = None) -> None:
+    The connection registers itself as a task event watcher: the event triggers build and
+    send events only while at least one watcher exists (see migration 0011).
+    """
+
+    def __init__(self, conninfo: str | None = None, *, linger: float = 60.0) -> None:
         self._subscribers: dict[str, set[asyncio.Queue[str]]] = {}
         self._conninfo = conninfo
+        self._linger = linger
         self._stop = asyncio.Event()
         self._listener: asyncio.Task | None = None
+        self._listener_stop = asyncio.Event()
+        self._idle: asyncio.TimerHandle | None = None
         self.listening: asyncio.Event | None = None  # set while the LISTEN connection is up
 
     def _listen(self) -> None:
-        if self._conninfo is None or (self._listener is not None and not self._listener.done()):
+        if self._idle is not None:
+            self._idle.cancel()
+            self._idle = None
+        if self._conninfo is None or self._stop.is_set() or (
+                self._listener is not None and not self._listener.done() and not self._listener_stop.is_set()):
             return
         from valka.listen import Listener
 
         listener = Listener(self._conninfo, {TASK_EVENT: self.publisher(TASK_EVENT),
-                                             TASK_LOG: self.publisher(TASK_LOG)}, on_reconnect=lambda: None)
+                                             TASK_LOG: self.publisher(TASK_LOG)}, on_reconnect=lambda: None,
+                            on_connect=_watch, on_stop=_unwatch)
         self.listening = listener.connected
-        self._listener = asyncio.get_running_loop().create_task(listener.run(self._stop))
+        self._listener_stop = asyncio.Event()
+        self._listener = asyncio.get_running_loop().create_task(
+            self._run(listener, self._listener_stop, self._listener))
+
+    async def _run(self, listener: Any, stop: asyncio.Event, previous: asyncio.Task | None) -> None:
+        if previous is not None:  # a lingering listener still closing: one watcher at a time
+            await asyncio.gather(previous, return_exceptions=True)
+        stopper = asyncio.ensure_future(self._stop.wait())
+        stopper.add_done_callback(lambda _: stop.set())
+        try:
+            await listener.run(stop)
+        finally:
+            stopper.cancel()
+
+    def _release_if_idle(self) -> None:
+        self._idle = None
+        if not any(self._subscribers.values()):
+            self._listener_stop.set()
 
     async def close(self) -> None:
         self._stop.set()
+        if self._idle is not None:
+            self._idle.cancel()
         if self._listener is not None:
             await asyncio.gather(self._listener, return_exceptions=True)
 
@@ -65,6 +98,8 @@ class Fanout:
 
     def unsubscribe(self, channel: str, queue: asyncio.Queue[str]) -> None:
         self._subscribers.get(channel, set()).discard(queue)
+        if self._listener is not None and self._idle is None and not any(self._subscribers.values()):
+            self._idle = asyncio.get_running_loop().call_later(self._linger, self._release_if_idle)
 
     def has_subscribers(self, channel: str) -> bool:
         return bool(self._subscribers.get(channel))
@@ -78,6 +113,14 @@ class Fanout:
                 queue.put_nowait(payload)
 
         return publish
+
+
+async def _watch(conn: Any) -> None:
+    await conn.execute("SELECT valka_task_events_watch()")
+
+
+async def _unwatch(conn: Any) -> None:
+    await conn.execute("SELECT valka_task_events_unwatch()")
 
 
 def decode_events(payload: str) -> list[dict[str, Any]]:

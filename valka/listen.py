@@ -7,20 +7,30 @@ re-checked, since notifications sent while we were away are lost.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 import psycopg
 
 log = logging.getLogger("valka.listen")
 
 
+Hook = Callable[[psycopg.AsyncConnection], Awaitable[object]]
+
+
 class Listener:
+    """`on_connect` runs on each new connection after its LISTENs, before `connected` is set;
+    `on_stop` runs on the connection when `stop` ends the listener (not when it is lost)."""
+
     def __init__(self, conninfo: str, handlers: dict[str, Callable[[str], None]],
-                 on_reconnect: Callable[[], None]) -> None:
+                 on_reconnect: Callable[[], None], *, on_connect: Hook | None = None,
+                 on_stop: Hook | None = None) -> None:
         self.conninfo = conninfo
         self.handlers = handlers
         self.on_reconnect = on_reconnect
+        self.on_connect = on_connect
+        self.on_stop = on_stop
         self.connected = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -31,6 +41,8 @@ class Listener:
                 async with await psycopg.AsyncConnection.connect(self.conninfo, autocommit=True) as conn:
                     for channel in self.handlers:
                         await conn.execute(f"LISTEN {channel}")
+                    if self.on_connect is not None:
+                        await self.on_connect(conn)
                     self.connected.set()
                     if not first:
                         log.info("LISTEN connection restored")
@@ -44,6 +56,12 @@ class Listener:
                             done, _ = await asyncio.wait({nxt, stopper}, return_when=asyncio.FIRST_COMPLETED)
                             if stopper in done:
                                 nxt.cancel()
+                                if self.on_stop is not None:
+                                    # The generator holds the connection until it is closed.
+                                    await asyncio.wait({nxt})
+                                    await gen.aclose()
+                                    with contextlib.suppress(psycopg.Error, OSError):
+                                        await self.on_stop(conn)
                                 return
                             note = nxt.result()
                             handler = self.handlers.get(note.channel)

@@ -6,6 +6,10 @@ dispatcher dies, nobody does: after `worker_timeout` this loop marks such
 workers DISCONNECTED and closes their RUNNING runs as lost ("worker
 disconnected"), exactly as the dispatcher would have, so their tasks retry
 without waiting for the (possibly long) lease to run out.
+
+It also forgets task event watchers whose session has ended without saying so
+(a process killed while it streamed events), so PostgreSQL stops building
+events for them.
 """
 
 from __future__ import annotations
@@ -55,4 +59,5 @@ class WorkerJanitor(Loop):
 
         async with connection(db) as conn:
             workers = await self.repeat(conn, batch)
+            await conn.execute(maintenance.PRUNE_EVENT_WATCHERS)  # housekeeping, not counted
         return self.report(**{"silent workers → DISCONNECTED": workers, "tasks → RETRY/DEAD_LETTER": tasks})

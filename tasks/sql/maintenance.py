@@ -119,6 +119,10 @@ WHERE w.id = picked.id AND w.status = 'CONNECTED'
 RETURNING w.id
 """
 
+# -- Task event watchers whose session has ended (see migration 0011): until they are gone,
+# the event triggers build events nobody reads. --
+PRUNE_EVENT_WATCHERS = "SELECT valka_task_event_watchers_prune()"
+
 # -- The RUNNING runs of those workers, locked with their tasks for outcomes.retry_runs. --
 # A run skipped here (its row busy) keeps its lease; the lease reaper closes it later.
 RUNS_OF_WORKERS = """

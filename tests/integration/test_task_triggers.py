@@ -1,17 +1,19 @@
 """The statement triggers on tasks, on batches the size the dispatcher writes.
 
 One UPDATE moving hundreds of tasks from different statuses must announce one event per
-task that changed, each with the status it came from, and count each finish once.
+task that changed, each with the status it came from, and count each finish once. Events
+are sent only while a watcher is registered; counting does not depend on one.
 """
 
 import json
+import time
 
 import psycopg
 import pytest
 from django.db import connection
 
 from tasks.services import task_enqueue_many
-from tests.helpers import database_url
+from tests.helpers import database_url, no_event_watchers_left
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -32,6 +34,7 @@ def test_a_batch_update_announces_each_change_with_its_previous_status():
         cur.execute("UPDATE tasks SET status = 'RUNNING', attempt_count = 1 WHERE id = ANY(%s::uuid[])", [running])
     with psycopg.connect(database_url(), autocommit=True) as listener:
         listener.execute("LISTEN valka_task_event")
+        listener.execute("SELECT valka_task_events_watch()")
         with connection.cursor() as cur:
             # RUNNING and PENDING → CANCELLED in one statement; a no-op update of other rows changes nothing.
             cur.execute("UPDATE tasks SET status = 'CANCELLED', finished_at = now() WHERE queue = 'trig'")
@@ -45,3 +48,62 @@ def test_a_batch_update_announces_each_change_with_its_previous_status():
     with connection.cursor() as cur:
         cur.execute("SELECT sum(n) FROM task_counters WHERE queue = 'trig' AND kind = 'cancelled'")
         assert cur.fetchone()[0] == 600
+
+
+def _wait_until_ended(pid: int) -> None:
+    """A closed connection's server process exits a moment later."""
+    deadline = time.monotonic() + 10
+    with connection.cursor() as cur:
+        while True:
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE pid = %s", [pid])
+            if cur.fetchone()[0] == 0 or time.monotonic() > deadline:
+                return
+            time.sleep(0.02)
+
+
+def _watchers() -> int:
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM task_event_watchers")
+        return cur.fetchone()[0]
+
+
+def test_events_are_sent_only_while_someone_watches():
+    no_event_watchers_left()
+    with psycopg.connect(database_url(), autocommit=True) as listener:
+        listener.execute("LISTEN valka_task_event")  # listening alone is not watching
+        task_enqueue_many([{"task_name": "t", "queue": "unwatched"}] * 3)
+        with connection.cursor() as cur:
+            cur.execute("UPDATE tasks SET status = 'CANCELLED', finished_at = now() WHERE queue = 'unwatched'")
+        assert _events(listener) == []
+
+        listener.execute("SELECT valka_task_events_watch()")
+        task_enqueue_many([{"task_name": "t", "queue": "watched"}] * 3)
+        assert [e["new_status"] for e in _events(listener)] == ["PENDING"] * 3
+
+        listener.execute("SELECT valka_task_events_unwatch()")
+        assert _watchers() == 0
+        task_enqueue_many([{"task_name": "t", "queue": "watched"}])
+        assert _events(listener) == []
+    with connection.cursor() as cur:  # counting never stopped
+        cur.execute("SELECT kind, sum(n) FROM task_counters WHERE queue = 'unwatched' GROUP BY kind ORDER BY kind")
+        assert cur.fetchall() == [("cancelled", 3), ("created", 3)]
+
+
+def test_watchers_whose_session_ended_are_pruned():
+    no_event_watchers_left()
+    with psycopg.connect(database_url(), autocommit=True) as gone:
+        gone.execute("SELECT valka_task_events_watch()")
+        pid = gone.info.backend_pid
+    _wait_until_ended(pid)
+    with psycopg.connect(database_url(), autocommit=True) as live:
+        live.execute("SELECT valka_task_events_watch()")  # prunes the ended session, registers itself
+        assert _watchers() == 1
+        live.execute("SELECT valka_task_events_watch()")  # twice is once
+        assert _watchers() == 1
+        with connection.cursor() as cur:
+            cur.execute("SELECT valka_task_event_watchers_prune()")
+            assert cur.fetchone()[0] == 0
+    with connection.cursor() as cur:
+        cur.execute("SELECT valka_task_event_watchers_prune()")
+        assert cur.fetchone()[0] == 1
+    assert _watchers() == 0

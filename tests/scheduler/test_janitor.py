@@ -3,6 +3,7 @@
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 
 from dispatcher import sql as dispatcher_sql
 from tasks.models import DeadLetter, Task, TaskRun, Worker
@@ -67,3 +68,12 @@ def test_a_worker_touched_by_its_dispatcher_meanwhile_stays_connected():
     assert run_async(scenario) == (0, 0)
     assert Worker.objects.get(id=silent.id).status == "CONNECTED"
     assert TaskRun.objects.get(id=run.id).status == "RUNNING"
+
+
+def test_event_watchers_whose_session_ended_are_forgotten():
+    with connection.cursor() as cur:
+        cur.execute("INSERT INTO task_event_watchers VALUES (0, now())")  # pid 0 is never a session
+    once(WorkerJanitor(make_config()))
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM task_event_watchers WHERE pid = 0")
+        assert cur.fetchone()[0] == 0

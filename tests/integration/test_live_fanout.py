@@ -1,0 +1,73 @@
+"""A process's fanout watches task events only while it has subscribers (and a short while after)."""
+
+import asyncio
+import json
+
+import psycopg
+import pytest
+
+from tasks.live import Fanout
+from tasks.notify import TASK_EVENT
+from tests.helpers import database_url, no_event_watchers_left
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+INSERT = ("INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count, timeout_seconds,"
+          " metadata) VALUES (gen_random_uuid(), 't', 'fanout', 'PENDING', 0, 0, 0, 60, '{}')")
+
+
+async def _watchers(conn: psycopg.AsyncConnection) -> list[int]:
+    cur = await conn.execute("SELECT pid FROM task_event_watchers")
+    return [row[0] for row in await cur.fetchall()]
+
+
+async def _eventually(predicate, timeout: float = 5.0) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not await predicate():
+        assert asyncio.get_running_loop().time() < deadline
+        await asyncio.sleep(0.02)
+
+
+async def _scenario() -> None:
+    fanout = Fanout(database_url(), linger=0.2)
+    async with await psycopg.AsyncConnection.connect(database_url(), autocommit=True) as conn:
+        inbox = fanout.subscribe(TASK_EVENT)
+        await fanout.ready()
+        assert len(await _watchers(conn)) == 1  # registered before it reported itself ready
+
+        await conn.execute(INSERT)
+        payload = await asyncio.wait_for(inbox.get(), 5)
+        assert [e["queue_name"] for e in json.loads(payload)] == ["fanout"]
+
+        second = fanout.subscribe(TASK_EVENT)
+        fanout.unsubscribe(TASK_EVENT, inbox)
+        await asyncio.sleep(0.4)
+        assert len(await _watchers(conn)) == 1  # one subscriber is still there
+
+        fanout.unsubscribe(TASK_EVENT, second)
+        fanout.subscribe(TASK_EVENT)  # back within the linger: the same connection goes on
+        fanout.unsubscribe(TASK_EVENT, fanout.subscribe(TASK_EVENT))
+        await asyncio.sleep(0.4)
+        watching = await _watchers(conn)
+        assert len(watching) == 1
+
+        for queue in list(fanout._subscribers[TASK_EVENT]):
+            fanout.unsubscribe(TASK_EVENT, queue)
+
+        async def released() -> bool:
+            return await _watchers(conn) == []
+
+        await _eventually(released)  # the last one left: the watcher removed itself
+
+        again = fanout.subscribe(TASK_EVENT)  # a new subscriber opens a new watcher
+        await fanout.ready()
+        assert len(await _watchers(conn)) == 1 and await _watchers(conn) != watching
+        await conn.execute(INSERT)
+        assert json.loads(await asyncio.wait_for(again.get(), 5))[0]["new_status"] == "PENDING"
+        await fanout.close()
+        await _eventually(released)
+
+
+def test_the_fanout_watches_events_only_while_it_has_subscribers():
+    no_event_watchers_left()
+    asyncio.run(_scenario())
