@@ -217,26 +217,28 @@ _TASK_COLUMNS_NULL = dict.fromkeys(_TASK_FIELDS)
 def _insert_rows(specs: list[TaskSpec]) -> list[Task | None]:
     """INSERT_TASKS for `specs`: the new task for each, or None where its key was taken.
 
-    The new rows are built from what was sent and what the server returned (times),
-    not read back: the statement's triggers run after the insert and change nothing.
+    The new rows are built from what was sent and the statement's time (their creation
+    time, and the due time of those given none), not read back: the statement's triggers
+    run after the insert and change nothing.
     """
     if not specs:
         return []
-    ids = uuid7_many(len(specs))
+    uuids = uuid7_many(len(specs))
+    ids = [str(task_id) for task_id in uuids]
     rows = [
-        {"id": str(task_id), "task_name": s.task_name, "queue": s.queue, "priority": s.priority,
+        {"id": task_id, "task_name": s.task_name, "queue": s.queue, "priority": s.priority,
          "max_retries": s.max_retries, "timeout_seconds": s.timeout_seconds, "idempotency_key": s.idempotency_key,
          "input": s.input, "metadata": s.metadata, "run_at": s.run_at.isoformat() if s.run_at else None}
         for task_id, s in zip(ids, specs, strict=True)
     ]
     with connection.cursor() as cursor:
         cursor.execute(producer.INSERT_TASKS, {"tasks": json.dumps(rows, ensure_ascii=False, separators=(",", ":"))})
-        returned = {row[0]: row[1:3] for row in cursor.fetchall()}
-    tasks: list[Task | None] = []
-    for task_id, s in zip(ids, specs, strict=True):
-        times = returned.get(task_id)
-        tasks.append(None if times is None else _new_task(task_id, s, times[0], times[1], {}))
-    return tasks
+        inserted, now, _notified = cursor.fetchone()
+    new_ids = set(inserted.split(",")) if inserted else set()
+    return [
+        _new_task(task_uuid, s, s.run_at or now, now, {}) if task_id in new_ids else None
+        for task_uuid, task_id, s in zip(uuids, ids, specs, strict=True)
+    ]
 
 
 def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, created_at: Any, links: Mapping[str, Any]) -> Task:

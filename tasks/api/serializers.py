@@ -36,38 +36,50 @@ class TaskSerializer(serializers.ModelSerializer):
         read_only_fields = fields
 
 
-def task_data(task: Task) -> dict[str, Any]:
+class TaskData:
     """`TaskSerializer(task).data`, built directly: the create and batch endpoints answer with
     up to a thousand tasks, and building a ModelSerializer costs about a millisecond each.
-    A test keeps the two equal."""
-    tz = timezone.get_current_timezone()
-    texts: dict[datetime, str] = {}  # a new task's times are mostly one and the same
+    One instance serves a whole batch, whose tasks mostly share their times: each distinct
+    time is formatted once. A test keeps the two equal."""
 
-    def when(value: datetime | None) -> str | None:
+    def __init__(self) -> None:
+        self.tz = timezone.get_current_timezone()
+        self.texts: dict[datetime, str] = {}
+
+    def when(self, value: datetime | None) -> str | None:
         if not value:
             return None
-        text = texts.get(value)
+        text = self.texts.get(value)
         if text is None:
-            text = value.astimezone(tz).isoformat()
-            text = texts[value] = text[:-6] + "Z" if text.endswith("+00:00") else text
+            text = value.astimezone(self.tz).isoformat()
+            text = self.texts[value] = text[:-6] + "Z" if text.endswith("+00:00") else text
         return text
 
-    def uuid_text(value: Any) -> str | None:
-        return None if value is None else str(value)
+    def __call__(self, task: Task) -> dict[str, Any]:
+        when = self.when
+        task_id = str(task.id)
+        run_at = when(task.run_at)
+        return {
+            "id": task_id, "task_id": task_id, "task_name": task.task_name, "queue": task.queue,
+            "queue_name": task.queue, "status": task.status, "priority": task.priority,
+            "max_retries": task.max_retries, "attempt_count": task.attempt_count,
+            "timeout_seconds": task.timeout_seconds, "idempotency_key": task.idempotency_key,
+            "input": task.input, "metadata": task.metadata, "output": task.output,
+            "error_message": task.error_message, "run_at": run_at, "scheduled_at": run_at,
+            "created_at": when(task.created_at), "updated_at": when(task.updated_at),
+            "started_at": when(task.started_at), "finished_at": when(task.finished_at),
+            "replayed_from_task_id": _uuid_text(task.replayed_from_task_id),
+            "replayed_from_dead_letter_id": _uuid_text(task.replayed_from_dead_letter_id),
+        }
 
-    task_id = str(task.id)
-    run_at = when(task.run_at)
-    return {
-        "id": task_id, "task_id": task_id, "task_name": task.task_name, "queue": task.queue,
-        "queue_name": task.queue, "status": task.status, "priority": task.priority,
-        "max_retries": task.max_retries, "attempt_count": task.attempt_count,
-        "timeout_seconds": task.timeout_seconds, "idempotency_key": task.idempotency_key, "input": task.input,
-        "metadata": task.metadata, "output": task.output, "error_message": task.error_message,
-        "run_at": run_at, "scheduled_at": run_at, "created_at": when(task.created_at),
-        "updated_at": when(task.updated_at), "started_at": when(task.started_at),
-        "finished_at": when(task.finished_at), "replayed_from_task_id": uuid_text(task.replayed_from_task_id),
-        "replayed_from_dead_letter_id": uuid_text(task.replayed_from_dead_letter_id),
-    }
+
+def _uuid_text(value: Any) -> str | None:
+    return None if value is None else str(value)
+
+
+def task_data(task: Task) -> dict[str, Any]:
+    """One task's `TaskData`."""
+    return TaskData()(task)
 
 
 class TaskCreateSerializer(serializers.Serializer):

@@ -77,6 +77,7 @@ class TaskViewSet(viewsets.ViewSet):
             raise ValidationError.field("tasks", "this field is required: a list of task objects")
         results = []
         any_created = False
+        task_data = s.TaskData()
         for outcome in services.task_create_many_from_data(items=body["tasks"]):
             if isinstance(outcome, ValkaError):
                 results.append({"status": outcome.http_status,
@@ -84,7 +85,7 @@ class TaskViewSet(viewsets.ViewSet):
             else:
                 task, created = outcome
                 any_created = any_created or created
-                results.append({"status": 201 if created else 200, "task": s.task_data(task)})
+                results.append({"status": 201 if created else 200, "task": task_data(task)})
         return Response({"results": results}, status=201 if any_created else 200)
 
     @extend_schema(responses={200: s.TaskSerializer, **ERRORS})

@@ -34,8 +34,10 @@ SELECT_BY_IDEMPOTENCY_KEY = "SELECT * FROM tasks WHERE idempotency_key = %(idemp
 # The batch travels as one JSON array of objects (ids made by the caller), unpacked by
 # jsonb_to_recordset: cheaper to send than one array per column. Rows go in key order, so
 # two batches sharing keys take them in the same order and cannot deadlock on each other's
-# uncommitted rows. Returns what the server set (due and creation times) for each new row,
-# and sends one NOTIFY per distinct queue that got a task claimable now, not one per task.
+# uncommitted rows. Sends one NOTIFY per distinct queue that got a task claimable now, not
+# one per task. Answers with one row: the ids inserted (comma-separated text, which costs
+# nothing to read back) and the statement's now(), which is every new row's creation time
+# and the due time of those that were given none.
 INSERT_TASKS = f"""
 WITH ins AS (
     INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count,
@@ -49,13 +51,13 @@ WITH ins AS (
               idempotency_key text, input jsonb, metadata jsonb, run_at timestamptz)
     ORDER BY i.idempotency_key, i.id
     ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
-    RETURNING id, queue, run_at, created_at
+    RETURNING id, queue, run_at
 ), notified AS (
     SELECT count(pg_notify('{TASK_READY}', ready.queue)) AS n
     FROM (SELECT DISTINCT queue FROM ins WHERE run_at <= now()) ready
 )
-SELECT ins.id, ins.run_at, ins.created_at, (SELECT n FROM notified) AS notified
-FROM ins
+SELECT (SELECT string_agg(id::text, ',') FROM ins) AS ids, now() AS created_at,
+       (SELECT n FROM notified) AS notified
 """
 
 # -- The tasks that hold some idempotency keys (after conflicts in a batch). --
