@@ -24,12 +24,20 @@ from valka.ids import uuid7
 from valka.v1 import worker_pb2 as pb
 
 if TYPE_CHECKING:
+    from psycopg import AsyncConnection
+
     from dispatcher.node import DispatcherNode
 
 log = logging.getLogger("valka.dispatcher")
 
 MAX_BATCH = 500
 GATHER = 0.002  # seconds
+
+
+async def claim(conn: AsyncConnection, *, queue: str, limit: int, node_id: str) -> list[tuple]:
+    """Run CLAIM on a claim connection, as a prepared statement from the first claim on."""
+    cur = await conn.execute(sql.CLAIM, {"queue": queue, "limit": limit, "node_id": node_id}, prepare=True)
+    return await cur.fetchall()
 
 
 class Claimer:
@@ -95,9 +103,7 @@ class Claimer:
             return 0
         limit = min(free, MAX_BATCH)
         async with self.node.claim_pool.connection() as conn:
-            cur = await conn.execute(sql.CLAIM, {"queue": queue, "limit": limit,
-                                                 "node_id": self.node.settings.node_id})
-            rows = await cur.fetchall()
+            rows = await claim(conn, queue=queue, limit=limit, node_id=self.node.settings.node_id)
         if not rows:
             return 0
         self._distribute(queue, rows, sessions)

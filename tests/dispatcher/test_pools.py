@@ -1,12 +1,14 @@
-"""The dispatcher's two pools: claims commit without waiting for the WAL flush and plan with index
-probes only; the writer's passes wait for the flush and plan freely."""
+"""The dispatcher's two pools: claims commit without waiting for the WAL flush, plan with index
+probes only and once per connection; the writer's passes wait for the flush and plan freely."""
 
 import asyncio
 
 import pytest
 from django.db import connection
 
+from dispatcher.claimer import claim
 from dispatcher.node import DispatcherNode, NodeSettings
+from tasks.services import task_enqueue_many
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -31,7 +33,8 @@ def test_only_claims_skip_the_flush_wait(durable_database):
         await node.claim_pool.open()
         try:
             query = ("SELECT current_setting('synchronous_commit'), current_setting('enable_seqscan'), "
-                     "current_setting('enable_hashjoin'), current_setting('enable_mergejoin')")
+                     "current_setting('enable_hashjoin'), current_setting('enable_mergejoin'), "
+                     "current_setting('plan_cache_mode')")
             async with node.claim_pool.connection() as conn:
                 claims = await (await conn.execute(query)).fetchone()
             async with node.pool.connection() as conn:
@@ -41,4 +44,26 @@ def test_only_claims_skip_the_flush_wait(durable_database):
             await node.pool.close()
         return claims, writes
 
-    assert asyncio.run(scenario()) == (("off", "off", "off", "off"), ("on", "on", "on", "on"))
+    assert asyncio.run(scenario()) == (("off", "off", "off", "off", "force_generic_plan"),
+                                       ("on", "on", "on", "on", "auto"))
+
+
+def test_a_claim_connection_plans_the_claim_once():
+    task_enqueue_many([{"task_name": "t", "queue": "once"}] * 3)
+
+    async def scenario() -> tuple:
+        node = DispatcherNode(NodeSettings(node_id="test-node", lease_extension=60, poll_interval=1,
+                                           drain_seconds=1, worker_token=""))
+        await node.claim_pool.open()
+        try:
+            async with node.claim_pool.connection() as conn:
+                for _ in range(3):
+                    await claim(conn, queue="once", limit=1, node_id="test-node")
+                cur = await conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                                         "WHERE statement LIKE %s", ["%WITH RECURSIVE priorities%"])
+                return await cur.fetchone()
+        finally:
+            await node.claim_pool.close()
+
+    generic, custom = asyncio.run(scenario())
+    assert (generic, custom) == (3, 0)
