@@ -34,6 +34,7 @@ from typing import Any
 
 import grpc
 
+from valka import aio
 from valka.sdk.context import Signal, TaskContext
 from valka.sdk.errors import NonRetryableError, TaskCancelled
 from valka.v1 import worker_pb2 as pb
@@ -127,7 +128,7 @@ class Worker:
     # -- running --
     def run(self) -> None:
         """Run until SIGTERM/SIGINT, then drain and exit."""
-        asyncio.run(self.arun(install_signal_handlers=True))
+        aio.run(self.arun(install_signal_handlers=True))
 
     def stop(self) -> None:
         """Ask the worker to drain and exit (thread-safe)."""

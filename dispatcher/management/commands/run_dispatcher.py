@@ -1,8 +1,7 @@
-import asyncio
-
 from django.core.management.base import BaseCommand
 
 from dispatcher.server import Dispatcher
+from valka import aio
 from valka.conf import valka_settings
 
 
@@ -16,4 +15,4 @@ class Command(BaseCommand):
         async def main() -> None:
             await Dispatcher(addr or valka_settings.GRPC_ADDR).serve_forever()
 
-        asyncio.run(main())
+        aio.run(main())

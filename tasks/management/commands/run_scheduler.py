@@ -1,8 +1,7 @@
-import asyncio
-
 from django.core.management.base import BaseCommand
 
 from tasks.scheduler.runner import serve
+from valka import aio
 
 
 class Command(BaseCommand):
@@ -10,4 +9,4 @@ class Command(BaseCommand):
 
     def handle(self, *args, **options):
         # The pool, events and signal handlers are created inside the running event loop.
-        asyncio.run(serve())
+        aio.run(serve())
