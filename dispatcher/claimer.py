@@ -7,8 +7,11 @@ pass, sized to the queue's free slots, spread round-robin over its workers.
 Under load, results free slots one or two at a time; a claim for each would
 cost a statement (and a walk of the claim index) per couple of tasks. So a
 pass woken only by freed slots, while under a quarter of the queue's slots
-are free, waits GATHER first and claims for all the slots freed meanwhile.
-An idle worker's slots are all free: a new task is claimed at once.
+are free, first lets results free more: until a quarter are free, for GATHER
+at most, and it claims for all of them at once. The workers keep three
+quarters of their slots busy meanwhile. Any other wake-up (a new task, a new
+worker) ends the wait, and an idle worker's slots are all free: a new task is
+claimed at once.
 """
 
 from __future__ import annotations
@@ -31,7 +34,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("valka.dispatcher")
 
 MAX_BATCH = 500
-GATHER = 0.002  # seconds
+GATHER = 0.010  # seconds
 
 
 async def claim(conn: AsyncConnection, *, queue: str, limit: int, node_id: str) -> list[tuple]:
@@ -69,6 +72,21 @@ class Claimer:
                 return False
         return True
 
+    async def _gather(self) -> None:
+        """While the pending wake-ups are only freed slots and few are free, wait (GATHER at most)
+        for results to free more; each freed slot and any other wake-up looks again."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + GATHER
+        while not self._urgent and self._few_free(self._queues):
+            remaining = deadline - loop.time()
+            if remaining <= 0:
+                return
+            self._wake.clear()
+            try:
+                await asyncio.wait_for(self._wake.wait(), remaining)
+            except TimeoutError:
+                return
+
     async def run(self, stop: asyncio.Event) -> None:
         poll = self.node.settings.poll_interval
         backoff = 0.1
@@ -79,8 +97,7 @@ class Claimer:
                 self._everything = self._urgent = True
             if stop.is_set() or self.node.stopping:
                 return
-            if not self._urgent and self._few_free(self._queues):
-                await asyncio.sleep(GATHER)
+            await self._gather()
             self._wake.clear()
             queues = self.node.served_queues() if self._everything else self._queues & self.node.served_queues()
             self._everything, self._queues, self._urgent = False, set(), False
