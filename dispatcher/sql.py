@@ -24,9 +24,12 @@ CLAIM_SESSION = ("SET synchronous_commit = off; SET enable_seqscan = off; SET en
                  "SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan")
 
 # -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --
-# Priority by priority: the queue's PENDING priorities, highest first, are found one index probe
-# each (`priorities`); within one priority the due tasks are a range of tasks_queue_status_idx
-# (queue, status, priority DESC, run_at, id) that ends at the first task not yet due. A single
+# Priority by priority: the queue's PENDING priorities are found one index probe each
+# (`priorities`), then claimed from, highest first; within one priority the due tasks are a range
+# of tasks_queue_status_idx (queue, status, priority DESC, run_at, id) that ends at the first task
+# not yet due. The probes read each priority's newest entry, from the lowest priority up: the
+# oldest entries of a range are mostly those of tasks claimed since the last vacuum (an update
+# leaves the old entry behind), and a probe from that end would walk past them all. A single
 # scan of the queue in claim order would read past every future-scheduled task of a priority
 # before giving up on it: with many tasks scheduled for later and few due, every claim read
 # them all. The scans stop at the limit; only the claimed rows are sorted, into claim order.
@@ -36,19 +39,20 @@ CLAIM_SESSION = ("SET synchronous_commit = off; SET enable_seqscan = off; SET en
 # insert, walked the whole PENDING index for every picked row.
 CLAIM = """
 WITH RECURSIVE priorities(priority) AS (
-    (SELECT priority FROM tasks WHERE status = 'PENDING' AND queue = %(queue)s ORDER BY priority DESC LIMIT 1)
+    (SELECT priority FROM tasks WHERE status = 'PENDING' AND queue = %(queue)s ORDER BY priority LIMIT 1)
     UNION ALL
     SELECT (SELECT t.priority FROM tasks t
-            WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.priority < p.priority
-            ORDER BY t.priority DESC LIMIT 1)
+            WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.priority > p.priority
+            ORDER BY t.priority LIMIT 1)
     FROM priorities p WHERE p.priority IS NOT NULL
 ), picked AS MATERIALIZED (
-    SELECT due.ctid FROM priorities p CROSS JOIN LATERAL (
+    SELECT due.ctid
+    FROM (SELECT priority FROM priorities WHERE priority IS NOT NULL ORDER BY priority DESC) p
+    CROSS JOIN LATERAL (
         SELECT t.ctid FROM tasks t
         WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.priority = p.priority AND t.run_at <= now()
         ORDER BY t.run_at, t.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
     ) due
-    WHERE p.priority IS NOT NULL
     LIMIT %(limit)s
 ), claimed AS (
     """ + guarded_update(
