@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from dataclasses import dataclass
+from datetime import datetime
 from typing import TYPE_CHECKING
 
 from dispatcher import sql
@@ -35,12 +37,33 @@ log = logging.getLogger("valka.dispatcher")
 
 MAX_BATCH = 500
 GATHER = 0.010  # seconds
+FLOOR_TTL = 1.0  # seconds
 
 
-async def claim(conn: AsyncConnection, *, queue: str, limit: int, node_id: str) -> list[tuple]:
+async def claim(conn: AsyncConnection, *, queue: str, limit: int, node_id: str,
+                after: Floor | None = None) -> list[tuple]:
     """Run CLAIM on a claim connection, as a prepared statement from the first claim on."""
-    cur = await conn.execute(sql.CLAIM, {"queue": queue, "limit": limit, "node_id": node_id}, prepare=True)
+    start = (after.priority, after.run_at, after.task_id) if after is not None else None
+    cur = await conn.execute(sql.CLAIM, sql.claim_params(queue=queue, limit=limit, node_id=node_id, after=start),
+                             prepare=True)
     return await cur.fetchall()
+
+
+@dataclass(frozen=True)
+class Floor:
+    """Where a queue's next claim starts within one priority: after the last task claimed there.
+
+    Set while claims come back full (a backlog): the tasks before it were claimed, and their
+    index entries, left behind until a vacuum, need not be walked again. A task that becomes
+    due behind it (put back unsent, or scheduled in the past) is found by a claim from the
+    start of the range: made at once when a claim after the floor does not fill its slots, and
+    in any case FLOOR_TTL after the floor was first set.
+    """
+
+    priority: int
+    run_at: datetime
+    task_id: str
+    since: float
 
 
 class Claimer:
@@ -51,6 +74,7 @@ class Claimer:
         self._everything = True
         self._urgent = True  # a wake-up other than a freed slot is pending
         self._turn = itertools.count()
+        self._floors: dict[str, Floor] = {}
 
     def wake(self, queue: str | None = None) -> None:
         if queue is None:
@@ -119,8 +143,19 @@ class Claimer:
         if free <= 0:
             return 0
         limit = min(free, MAX_BATCH)
+        now = asyncio.get_running_loop().time()
+        floor = self._floors.pop(queue, None)
+        if floor is not None and now - floor.since > FLOOR_TTL:
+            floor = None
+        node_id = self.node.settings.node_id
         async with self.node.claim_pool.connection() as conn:
-            rows = await claim(conn, queue=queue, limit=limit, node_id=self.node.settings.node_id)
+            rows = await claim(conn, queue=queue, limit=limit, node_id=node_id, after=floor)
+            full = len(rows) == limit
+            if floor is not None and not full:  # the backlog ahead is claimed: look behind the floor too
+                rows += await claim(conn, queue=queue, limit=limit - len(rows), node_id=node_id)
+        if full:
+            *_, priority, run_at = rows[-1]
+            self._floors[queue] = Floor(priority, run_at, rows[-1][0], floor.since if floor else now)
         if not rows:
             return 0
         self._distribute(queue, rows, sessions)

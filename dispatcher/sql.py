@@ -33,6 +33,10 @@ CLAIM_SESSION = ("SET synchronous_commit = off; SET enable_seqscan = off; SET en
 # scan of the queue in claim order would read past every future-scheduled task of a priority
 # before giving up on it: with many tasks scheduled for later and few due, every claim read
 # them all. The scans stop at the limit; only the claimed rows are sorted, into claim order.
+# Within the priority %(after_priority)s the due range starts after (%(after_run_at)s, %(after_id)s)
+# when they are given: the last task this node claimed there, while a backlog lasts. The range
+# before it holds mostly the entries claimed tasks left behind, which every claim would otherwise
+# walk again (dispatcher.claimer decides when to give it, and when to look behind it again).
 # SKIP LOCKED lets dispatchers claim side by side without waiting on each other.
 # The UPDATE reaches the picked rows by their physical address (a TID scan; they are locked, so
 # they cannot move): joined on id, the planner, trusting stale statistics right after a bulk
@@ -51,6 +55,10 @@ WITH RECURSIVE priorities(priority) AS (
     CROSS JOIN LATERAL (
         SELECT t.ctid FROM tasks t
         WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.priority = p.priority AND t.run_at <= now()
+          AND (t.run_at, t.id) > (
+              CASE WHEN p.priority = %(after_priority)s THEN %(after_run_at)s::timestamptz ELSE '-infinity' END,
+              CASE WHEN p.priority = %(after_priority)s THEN %(after_id)s::uuid
+                   ELSE '00000000-0000-0000-0000-000000000000' END)
         ORDER BY t.run_at, t.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
     ) due
     LIMIT %(limit)s
@@ -66,6 +74,13 @@ WITH RECURSIVE priorities(priority) AS (
 )
 SELECT * FROM claimed ORDER BY priority DESC, run_at, id
 """
+
+
+def claim_params(*, queue: str, limit: int, node_id: str, after: tuple | None = None) -> dict:
+    """CLAIM's parameters; `after` is (priority, run_at, task id) to start after, or None."""
+    priority, run_at, task_id = after if after is not None else (None, None, None)
+    return {"queue": queue, "limit": limit, "node_id": node_id, "after_priority": priority,
+            "after_run_at": run_at, "after_id": task_id}
 
 # -- Sent: DISPATCHING → RUNNING, one attempt counted, the run row written with its lease. --
 # A task cancelled between claim and send is not DISPATCHING any more: no run is written for it;

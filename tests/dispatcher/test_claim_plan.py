@@ -75,7 +75,7 @@ def stale_statistics():
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
 def test_a_claim_after_a_burst_reads_only_what_it_claims(stale_statistics, generic):
-    plan = _plan(sql.CLAIM, {"queue": "plan", "limit": 100, "node_id": "plan-test"}, generic=generic)
+    plan = _plan(sql.CLAIM, sql.claim_params(queue="plan", limit=100, node_id="plan-test"), generic=generic)
     assert plan["Actual Rows"] == 100
     nodes = list(_nodes(plan))
     shown = _outline(plan)
@@ -100,7 +100,7 @@ def test_tasks_scheduled_for_later_are_not_read_by_a_claim():
     due = task_enqueue_many([{"task_name": "t", "queue": "plan"}])[0]
     with connection.cursor() as cur:
         cur.execute("ANALYZE tasks")
-    plan = _plan(sql.CLAIM, {"queue": "plan", "limit": 64, "node_id": "plan-test"}, generic=False)
+    plan = _plan(sql.CLAIM, sql.claim_params(queue="plan", limit=64, node_id="plan-test"), generic=False)
     assert plan["Actual Rows"] == 1
     pick = [n for n in _nodes(plan) if n.get("Relation Name") == "tasks" and "Index" in n["Node Type"]]
     # A few index entries per probe, never the five thousand scheduled ones.
@@ -113,7 +113,7 @@ def test_a_claim_takes_the_highest_priority_first_then_the_earliest_due():
     high = task_enqueue_many([{"task_name": "t", "queue": "order", "priority": 5}] * 3)
     mid = task_enqueue_many([{"task_name": "t", "queue": "order", "priority": 2}] * 3)
     with connection.cursor() as cur:
-        cur.execute(sql.CLAIM, {"queue": "order", "limit": 7, "node_id": "order-test"})
+        cur.execute(sql.CLAIM, sql.claim_params(queue="order", limit=7, node_id="order-test"))
         claimed = {row[0] for row in cur.fetchall()}
     assert claimed == {str(t.id) for t in high + mid + low[:1]}
 
@@ -124,9 +124,26 @@ def test_the_priority_probes_skip_the_tasks_claimed_before(stale_statistics):
     with connection.cursor() as cur:
         cur.execute(sql.CLAIM_SESSION)
         for _ in range(30):  # 9,000 of the queue's 10,000 PENDING tasks claimed, a batch at a time
-            cur.execute(sql.CLAIM, {"queue": "plan", "limit": 300, "node_id": "plan-test"})
+            cur.execute(sql.CLAIM, sql.claim_params(queue="plan", limit=300, node_id="plan-test"))
         cur.execute("RESET ALL")
-    plan = _plan(sql.CLAIM, {"queue": "plan", "limit": 10, "node_id": "plan-test"}, generic=True)
+    plan = _plan(sql.CLAIM, sql.claim_params(queue="plan", limit=10, node_id="plan-test"), generic=True)
     assert plan["Actual Rows"] == 10
     probes = [n for n in _nodes(plan) if n["Node Type"] == "Index Only Scan"]
     assert probes and all(n["Shared Hit Blocks"] <= 8 for n in probes), _outline(plan)
+
+
+def test_a_claim_after_a_floor_skips_the_tasks_claimed_before_it(stale_statistics):
+    """During a backlog the dispatcher starts each claim after the last task it claimed."""
+    with connection.cursor() as cur:
+        cur.execute(sql.CLAIM_SESSION)
+        after = None
+        for _ in range(30):  # 9,000 tasks claimed, each claim after the last one's floor
+            cur.execute(sql.CLAIM, sql.claim_params(queue="plan", limit=300, node_id="plan-test", after=after))
+            last = cur.fetchall()[-1]
+            after = (last[7], last[8], last[0])  # priority, run_at, id of the last task claimed
+        cur.execute("RESET ALL")
+    plan = _plan(sql.CLAIM, sql.claim_params(queue="plan", limit=10, node_id="plan-test", after=after),
+                 generic=True)
+    assert plan["Actual Rows"] == 10
+    due = [n for n in _nodes(plan) if n["Node Type"] == "Index Scan"]
+    assert due and all(n["Shared Hit Blocks"] <= 12 for n in due), _outline(plan)

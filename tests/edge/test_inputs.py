@@ -233,7 +233,7 @@ def test_signal_payload_limit(client_api):
 
 def _claim(queue: str) -> list[str]:
     with connection.cursor() as cursor:
-        cursor.execute(dispatcher_sql.CLAIM, {"queue": queue, "limit": 10, "node_id": "edge-test"})
+        cursor.execute(dispatcher_sql.CLAIM, dispatcher_sql.claim_params(queue=queue, limit=10, node_id="edge-test"))
         return [str(row[0]) for row in cursor.fetchall()]
 
 

@@ -24,7 +24,7 @@ WORKER = "worker-story"
 
 
 async def claim_and_start(conn, queue: str) -> tuple[uuid.UUID, int, uuid.UUID]:
-    cur = await conn.execute(dispatcher_sql.CLAIM, {"queue": queue, "limit": 10, "node_id": NODE})
+    cur = await conn.execute(dispatcher_sql.CLAIM, dispatcher_sql.claim_params(queue=queue, limit=10, node_id=NODE))
     rows = await cur.fetchall()
     assert len(rows) == 1, rows
     task_id, attempt = uuid.UUID(rows[0][0]), rows[0][5]  # the claim returns ids as text

@@ -106,7 +106,7 @@ def test_statements_that_take_a_queue_are_safe_with_hostile_ones():
             task = TaskFactory(queue=text, task_name=text)
             TaskFactory(queue=text + "x")  # a neighbour that must not be claimed
             with connection.cursor() as cursor:
-                cursor.execute(dispatcher_sql.CLAIM, {"queue": text, "limit": 10, "node_id": text})
+                cursor.execute(dispatcher_sql.CLAIM, dispatcher_sql.claim_params(queue=text, limit=10, node_id=text))
                 claimed = cursor.fetchall()
                 assert [(str(r[0]), r[1], r[2]) for r in claimed] == [(str(task.id), text, text)]
                 cursor.execute(dispatcher_sql.UNSEND, {"task_ids": [task.id], "node_id": text})

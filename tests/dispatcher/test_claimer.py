@@ -1,0 +1,76 @@
+"""The claimer's floor: during a backlog claims start after the last task claimed, and a task put
+back behind the floor is still claimed, at once when the backlog ahead of it runs out."""
+
+import asyncio
+from types import SimpleNamespace
+
+import pytest
+from django.db import connection
+
+from dispatcher import claimer as claimer_module
+from dispatcher.claimer import Claimer
+from dispatcher.db import make_pool
+from dispatcher.sql import CLAIM_SESSION
+from tasks.services import task_enqueue_many
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+
+class Slots:
+    """A worker session with `concurrency` slots that records what it was sent."""
+
+    def __init__(self, concurrency: int) -> None:
+        self.concurrency = concurrency
+        self.taken = 0
+        self.sent: list[str] = []
+
+    def free_slots(self) -> int:
+        return self.concurrency - self.taken
+
+    def reserve(self, entry) -> None:
+        self.taken += 1
+
+    def send(self, message, entry) -> None:
+        self.sent.append(entry.task_id)
+
+
+def _put_back(task_id: str) -> None:
+    """As an unsent task goes back: PENDING again, with its old due time."""
+    with connection.cursor() as cur:
+        cur.execute("UPDATE tasks SET status = 'PENDING', claimed_by = NULL WHERE id = %s", [task_id])
+
+
+async def _scenario(ids: list[str]) -> list[list[str]]:
+    slots = Slots(10)
+    pool = make_pool("claimer-test", min_size=1, max_size=1, session=CLAIM_SESSION)
+    await pool.open()
+    node = SimpleNamespace(claim_pool=pool, settings=SimpleNamespace(node_id="claimer-test"),
+                           sessions_for=lambda queue: [slots], unsend=lambda ids: None)
+    claimer = Claimer(node)
+    passes = []
+    try:
+        for step in range(4):
+            slots.taken, slots.sent = 0, []
+            await claimer.claim_queue("floor")
+            passes.append(list(slots.sent))
+            if step == 0:
+                await asyncio.to_thread(_put_back, ids[0])  # behind the floor now
+    finally:
+        await pool.close()
+    return passes
+
+
+def test_a_task_put_back_behind_the_floor_is_claimed_when_the_backlog_ahead_runs_out():
+    ids = [str(t.id) for t in task_enqueue_many([{"task_name": "t", "queue": "floor"}] * 25)]
+    passes = asyncio.run(_scenario(ids))
+    assert passes[0] == ids[:10]
+    assert passes[1] == ids[10:20]  # after the floor: the put-back task is behind it
+    assert passes[2] == ids[20:25] + [ids[0]]  # the backlog ran out: behind the floor too, at once
+    assert passes[3] == []
+
+
+def test_the_floor_lasts_only_floor_ttl(monkeypatch):
+    monkeypatch.setattr(claimer_module, "FLOOR_TTL", 0.0)
+    ids = [str(t.id) for t in task_enqueue_many([{"task_name": "t", "queue": "floor"}] * 25)]
+    passes = asyncio.run(_scenario(ids))
+    assert passes[1] == [ids[0]] + ids[10:19]  # from the start of the range again: oldest first
