@@ -1,9 +1,9 @@
 from django.db import migrations
 
 # Task events are built and sent only while someone watches them. Building a statement's
-# events (a JSON object per task) and queueing its NOTIFYs cost about as much as inserting
-# the rows: a third of PostgreSQL's work in a drain, half of a batch insert's. Most of the
-# time nobody has a live view open, so the event triggers first look for a watcher.
+# events (a JSON object per task) and queueing its NOTIFYs cost about a third of
+# PostgreSQL's work in a drain, and of a batch insert. Most of the time nobody has a live
+# view open, so the event triggers first look for a watcher.
 #
 # A watcher is a session holding LISTEN valka_task_event (a process's fanout, which SSE
 # clients and gRPC SubscribeEvents streams share): it calls valka_task_events_watch() on
