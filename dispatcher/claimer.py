@@ -41,10 +41,10 @@ FLOOR_TTL = 1.0  # seconds
 
 
 async def claim(conn: AsyncConnection, *, queue: str, limit: int, node_id: str,
-                after: Floor | None = None) -> list[tuple]:
-    """Run CLAIM on a claim connection, as a prepared statement from the first claim on."""
-    start = (after.priority, after.run_at, after.task_id) if after is not None else None
-    cur = await conn.execute(sql.CLAIM, sql.claim_params(queue=queue, limit=limit, node_id=node_id, after=start),
+                after: tuple | None = None) -> list[tuple]:
+    """Run CLAIM on a claim connection, as a prepared statement from the first claim on;
+    `after` is where to start (see `Floor`)."""
+    cur = await conn.execute(sql.CLAIM, sql.claim_params(queue=queue, limit=limit, node_id=node_id, after=after),
                              prepare=True)
     return await cur.fetchall()
 
@@ -60,9 +60,7 @@ class Floor:
     in any case FLOOR_TTL after the floor was first set.
     """
 
-    priority: int
-    run_at: datetime
-    task_id: str
+    start: tuple[int, datetime, str]  # (priority, run_at, task id) of the last task claimed
     since: float
 
 
@@ -149,13 +147,13 @@ class Claimer:
             floor = None
         node_id = self.node.settings.node_id
         async with self.node.claim_pool.connection() as conn:
-            rows = await claim(conn, queue=queue, limit=limit, node_id=node_id, after=floor)
+            rows = await claim(conn, queue=queue, limit=limit, node_id=node_id, after=floor and floor.start)
             full = len(rows) == limit
             if floor is not None and not full:  # the backlog ahead is claimed: look behind the floor too
                 rows += await claim(conn, queue=queue, limit=limit - len(rows), node_id=node_id)
         if full:
-            *_, priority, run_at = rows[-1]
-            self._floors[queue] = Floor(priority, run_at, rows[-1][0], floor.since if floor else now)
+            last = rows[-1]
+            self._floors[queue] = Floor((last[7], last[8], last[0]), floor.since if floor else now)
         if not rows:
             return 0
         self._distribute(queue, rows, sessions)

@@ -36,9 +36,10 @@ class Fanout:
         self._subscribers: dict[str, set[asyncio.Queue[str]]] = {}
         self._conninfo = conninfo
         self._linger = linger
-        self._stop = asyncio.Event()
+        self._closed = False
         self._listener: asyncio.Task | None = None
-        self._listener_stop = asyncio.Event()
+        self._listener_stop = asyncio.Event()  # the current listener's
+        self._listeners: set[asyncio.Task] = set()  # the current one, and any still closing
         self._idle: asyncio.TimerHandle | None = None
         self.listening: asyncio.Event | None = None  # set while the LISTEN connection is up
 
@@ -46,7 +47,7 @@ class Fanout:
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
-        if self._conninfo is None or self._stop.is_set() or (
+        if self._conninfo is None or self._closed or (
                 self._listener is not None and not self._listener.done() and not self._listener_stop.is_set()):
             return
         from valka.listen import Listener
@@ -56,18 +57,9 @@ class Fanout:
                             on_connect=_watch, on_stop=_unwatch)
         self.listening = listener.connected
         self._listener_stop = asyncio.Event()
-        self._listener = asyncio.get_running_loop().create_task(
-            self._run(listener, self._listener_stop, self._listener))
-
-    async def _run(self, listener: Any, stop: asyncio.Event, previous: asyncio.Task | None) -> None:
-        if previous is not None:  # a lingering listener still closing: one watcher at a time
-            await asyncio.gather(previous, return_exceptions=True)
-        stopper = asyncio.ensure_future(self._stop.wait())
-        stopper.add_done_callback(lambda _: stop.set())
-        try:
-            await listener.run(stop)
-        finally:
-            stopper.cancel()
+        self._listener = asyncio.get_running_loop().create_task(listener.run(self._listener_stop))
+        self._listeners.add(self._listener)
+        self._listener.add_done_callback(self._listeners.discard)
 
     def _release_if_idle(self) -> None:
         self._idle = None
@@ -75,11 +67,11 @@ class Fanout:
             self._listener_stop.set()
 
     async def close(self) -> None:
-        self._stop.set()
+        self._closed = True
         if self._idle is not None:
             self._idle.cancel()
-        if self._listener is not None:
-            await asyncio.gather(self._listener, return_exceptions=True)
+        self._listener_stop.set()
+        await asyncio.gather(*self._listeners, return_exceptions=True)
 
     async def ready(self, timeout: float = 5.0) -> None:
         """Wait (bounded) until notifications flow, so a new subscriber misses nothing after this."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import functools
 import os
 import sys
 import tempfile
@@ -119,14 +120,26 @@ class _closing:
 
 
 def _async_view(scope: dict[str, Any]) -> bool:
-    path = scope["path"]
-    root = scope.get("root_path", "")
-    if root and path.startswith(root):
-        path = path[len(root):]
+    return _is_async_path(settings.ROOT_URLCONF, _path_info(scope))
+
+
+@functools.lru_cache(maxsize=4096)
+def _is_async_path(urlconf: str, path: str) -> bool:
+    """Whether `path` routes to an async view. Remembered per path: Django resolves the path
+    again when it runs the request, and routing every request twice showed in profiles."""
     try:
-        return iscoroutinefunction(resolve(path).func)
+        return iscoroutinefunction(resolve(path, urlconf).func)
     except Resolver404:
         return False
+
+
+def _path_info(scope: dict[str, Any]) -> str:
+    """The request path below the application's root path."""
+    root = scope.get("root_path", "")
+    path = scope["path"]
+    if root and path.startswith(root):
+        path = path[len(root):]
+    return path
 
 
 async def _read_body(receive: Receive) -> Any:
@@ -149,9 +162,7 @@ async def _read_body(receive: Receive) -> Any:
 def _environ(scope: dict[str, Any], body: Any) -> dict[str, Any]:
     """The WSGI environ of an ASGI HTTP scope (PEP 3333 strings: latin-1 for bytes)."""
     root = scope.get("root_path", "")
-    path = scope["path"]
-    if root and path.startswith(root):
-        path = path[len(root):]
+    path = _path_info(scope)
     server = scope.get("server") or ("localhost", 80)
     environ: dict[str, Any] = {
         "REQUEST_METHOD": scope["method"],

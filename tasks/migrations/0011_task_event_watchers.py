@@ -51,57 +51,52 @@ DROP TABLE IF EXISTS task_event_watchers;
 
 UNWATCHED = "IF NOT EXISTS (SELECT FROM task_event_watchers) THEN RETURN NULL; END IF;"
 
-INSERT_EVENTS = r"""
+
+def _event(previous: str, worker: str, clock: str) -> str:
+    """One task's event as JSON text, from a row `n` of a transition table."""
+    return f"""json_build_object(
+                'event_id', gen_random_uuid(), 'task_id', n.id, 'queue_name', n.queue,
+                'previous_status', {previous}, 'new_status', n.status, 'worker_id', {worker},
+                'node_id', COALESCE(n.claimed_by, ''), 'attempt_number', n.attempt_count,
+                'error_message', left(COALESCE(n.error_message, ''), 500),
+                'timestamp_ms', (extract(epoch FROM {clock}) * 1000)::bigint)::text"""
+
+
+def _notify(events: str) -> str:
+    """PERFORM the NOTIFYs of `events` (rows of id, ev): JSON arrays of about 5 kB each."""
+    return f"""PERFORM pg_notify('valka_task_event', '[' || string_agg(ev, ',' ORDER BY id) || ']')
+    FROM (
+        SELECT id, ev, (sum(octet_length(ev)) OVER (ORDER BY id) / 5000)::int AS chunk
+        FROM ({events}) events
+    ) chunked
+    GROUP BY chunk;"""
+
+
+def _events(guard: str) -> str:
+    new = _event(previous="NULL", worker="''", clock="statement_timestamp()")
+    changed = _event(previous="previous ->> n.id::text", worker="COALESCE(r.worker_id, '')",
+                     clock="clock_timestamp()")
+    inserted = f"SELECT n.id, {new} AS ev FROM new_rows n"
+    updated = (f"SELECT n.id, {changed} AS ev FROM new_rows n "
+               "LEFT JOIN task_runs r ON r.task_id = n.id AND r.attempt_number = n.attempt_count "
+               "WHERE n.status IS DISTINCT FROM previous ->> n.id::text")
+    return f"""
 CREATE OR REPLACE FUNCTION valka_task_events_on_insert() RETURNS trigger AS $$
 BEGIN
     {guard}
-    PERFORM pg_notify('valka_task_event', '[' || string_agg(ev, ',' ORDER BY id) || ']')
-    FROM (
-        SELECT id, ev, (sum(octet_length(ev)) OVER (ORDER BY id) / 5000)::int AS chunk
-        FROM (
-            SELECT n.id, json_build_object(
-                'event_id', gen_random_uuid(), 'task_id', n.id, 'queue_name', n.queue,
-                'previous_status', NULL, 'new_status', n.status, 'worker_id', '',
-                'node_id', COALESCE(n.claimed_by, ''), 'attempt_number', n.attempt_count,
-                'error_message', left(COALESCE(n.error_message, ''), 500),
-                'timestamp_ms', (extract(epoch FROM statement_timestamp()) * 1000)::bigint)::text AS ev
-            FROM new_rows n
-        ) events
-    ) chunked
-    GROUP BY chunk;
+    {_notify(inserted)}
     RETURN NULL;
 END $$ LANGUAGE plpgsql;
-"""
 
-UPDATE_EVENTS = r"""
 CREATE OR REPLACE FUNCTION valka_task_events_on_update() RETURNS trigger AS $$
 DECLARE previous jsonb;
 BEGIN
     {guard}
     previous := (SELECT jsonb_object_agg(o.id::text, o.status) FROM old_rows o);
-    PERFORM pg_notify('valka_task_event', '[' || string_agg(ev, ',' ORDER BY id) || ']')
-    FROM (
-        SELECT id, ev, (sum(octet_length(ev)) OVER (ORDER BY id) / 5000)::int AS chunk
-        FROM (
-            SELECT n.id, json_build_object(
-                'event_id', gen_random_uuid(), 'task_id', n.id, 'queue_name', n.queue,
-                'previous_status', previous ->> n.id::text, 'new_status', n.status,
-                'worker_id', COALESCE(r.worker_id, ''), 'node_id', COALESCE(n.claimed_by, ''),
-                'attempt_number', n.attempt_count, 'error_message', left(COALESCE(n.error_message, ''), 500),
-                'timestamp_ms', (extract(epoch FROM clock_timestamp()) * 1000)::bigint)::text AS ev
-            FROM new_rows n
-            LEFT JOIN task_runs r ON r.task_id = n.id AND r.attempt_number = n.attempt_count
-            WHERE n.status IS DISTINCT FROM previous ->> n.id::text
-        ) events
-    ) chunked
-    GROUP BY chunk;
+    {_notify(updated)}
     RETURN NULL;
 END $$ LANGUAGE plpgsql;
 """
-
-
-def _events(guard: str) -> str:
-    return INSERT_EVENTS.replace("{guard}", guard) + UPDATE_EVENTS.replace("{guard}", guard)
 
 
 class Migration(migrations.Migration):

@@ -10,7 +10,7 @@ from django.db import connection
 from dispatcher import claimer as claimer_module
 from dispatcher.claimer import Claimer
 from dispatcher.db import make_pool
-from dispatcher.sql import CLAIM_SESSION
+from dispatcher.sql import CLAIM_SESSION, UNSEND
 from tasks.services import task_enqueue_many
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -35,9 +35,10 @@ class Slots:
 
 
 def _put_back(task_id: str) -> None:
-    """As an unsent task goes back: PENDING again, with its old due time."""
+    """Unsent, as when its worker's stream broke: PENDING again, with its old due time."""
     with connection.cursor() as cur:
-        cur.execute("UPDATE tasks SET status = 'PENDING', claimed_by = NULL WHERE id = %s", [task_id])
+        cur.execute(UNSEND, {"task_ids": [task_id], "node_id": "claimer-test"})
+        assert cur.fetchall()
 
 
 async def _scenario(ids: list[str]) -> list[list[str]]:

@@ -103,6 +103,8 @@ def test_watchers_whose_session_ended_are_pruned():
         with connection.cursor() as cur:
             cur.execute("SELECT valka_task_event_watchers_prune()")
             assert cur.fetchone()[0] == 0
+        pid = live.info.backend_pid
+    _wait_until_ended(pid)
     with connection.cursor() as cur:
         cur.execute("SELECT valka_task_event_watchers_prune()")
         assert cur.fetchone()[0] == 1
