@@ -98,7 +98,8 @@ def json_or_none(text: str) -> str | None:
 class DispatcherNode:
     def __init__(self, settings: NodeSettings | None = None) -> None:
         self.settings = settings or NodeSettings.from_settings()
-        self.pool = make_pool(f"valka-dispatcher {self.settings.node_id}", min_size=2, max_size=6)
+        self.pool = make_pool(f"valka-dispatcher {self.settings.node_id}", min_size=2, max_size=6,
+                              session=sql.WRITER_SESSION)
         # Claims run on connections of their own, set up for that one statement (sql.CLAIM_SESSION).
         self.claim_pool = make_pool(f"valka-dispatcher-claim {self.settings.node_id}", min_size=1, max_size=2,
                                     session=sql.CLAIM_SESSION)

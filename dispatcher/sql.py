@@ -23,6 +23,13 @@ from tasks.states import TaskStatus, guarded_update
 CLAIM_SESSION = ("SET synchronous_commit = off; SET enable_seqscan = off; SET enable_hashjoin = off; "
                  "SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan")
 
+# -- The dispatcher's other connections: starts, results, heartbeats, logs, sessions. --
+# Every statement they run reads tasks and task_runs by key, a batch at a time. Behind
+# statistics (a young table, a burst since the last ANALYZE), the planner would rather scan a
+# table it believes small than look up a batch of keys. tests/dispatcher/test_writer_plans.py
+# checks the plans.
+WRITER_SESSION = "SET enable_seqscan = off"
+
 # -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --
 # Priority by priority: the queue's PENDING priorities are found one index probe each
 # (`priorities`), then claimed from, highest first; within one priority the due tasks are a range

@@ -472,8 +472,8 @@ class WorkerAdmin(ConsoleAdmin):
     ordering = ["status", "-connected_at"]
 
     def get_queryset(self, request: Any) -> QuerySet:
-        running = (TaskRun.objects.filter(worker_id=OuterRef("id"), status="RUNNING").order_by()
-                   .values("worker_id").annotate(n=Count("*")).values("n"))
+        running = (TaskRun.objects.filter(worker_id=OuterRef("id"), finished_at__isnull=True, status="RUNNING")
+                   .order_by().values("worker_id").annotate(n=Count("*")).values("n"))
         return super().get_queryset(request).annotate(running=Subquery(running, output_field=IntegerField()))
 
     def get_search_results(self, request: Any, queryset: QuerySet, search_term: str) -> tuple[QuerySet, bool]:

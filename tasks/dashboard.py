@@ -94,7 +94,8 @@ FROM heads GROUP BY queue
 # -- Connected workers with their RUNNING runs (partial index task_runs_worker_idx). --
 CONNECTED_WORKERS = """
 SELECT w.id, w.name, w.queues, w.concurrency, w.node_id, w.connected_at, w.last_heartbeat_at,
-       (SELECT count(*) FROM task_runs r WHERE r.worker_id = w.id AND r.status = 'RUNNING') AS in_flight
+       (SELECT count(*) FROM task_runs r
+        WHERE r.worker_id = w.id AND r.finished_at IS NULL AND r.status = 'RUNNING') AS in_flight
 FROM workers w
 WHERE w.status = 'CONNECTED'
 ORDER BY w.name, w.id

@@ -83,8 +83,10 @@ class Task(models.Model):
             ),
             # The retry engine: RETRY tasks by their next attempt time.
             models.Index(fields=["run_at"], name="tasks_retry_due_idx", condition=Q(status="RETRY")),
-            # The reaper's second job: DISPATCHING tasks whose dispatcher died.
-            models.Index(fields=["updated_at"], name="tasks_dispatching_idx", condition=Q(status="DISPATCHING")),
+            # No index is kept on DISPATCHING alone: the dispatcher's starts, keyed by id, were
+            # planned as a scan of it (its statistics say "almost empty" while it holds an entry
+            # for every task claimed since the last vacuum). The reaper reads DISPATCHING tasks
+            # queue by queue from tasks_queue_status_idx instead.
             # Retention: finished tasks by age.
             models.Index(fields=["finished_at"], name="tasks_finished_idx", condition=Q(status__in=_final)),
             # The claim (PENDING by queue, then priority by priority, due time, age), the dashboard's
@@ -125,15 +127,25 @@ class TaskRun(models.Model):
         ordering = ["task", "attempt_number"]
         constraints = [
             models.UniqueConstraint(fields=["task", "attempt_number"], name="task_runs_task_attempt_uniq"),
-            # At most one live run per task: two workers can never hold one task.
-            models.UniqueConstraint(fields=["task"], condition=Q(status="RUNNING"), name="task_runs_one_running"),
+            # A run is RUNNING exactly while it has no finished_at. The partial indexes below say
+            # "finished_at IS NULL" rather than "status = 'RUNNING'": the dispatcher's keyed updates
+            # of RUNNING runs (results, heartbeats) then cannot be planned as a scan of one of them
+            # (whose statistics say "almost empty" while it holds an entry for every run since the
+            # last vacuum); the statements that want them say "finished_at IS NULL".
             models.CheckConstraint(
                 condition=Q(status="RUNNING") | Q(finished_at__isnull=False), name="task_runs_closed_has_finished_at"
             ),
+            models.CheckConstraint(
+                condition=~Q(status="RUNNING") | Q(finished_at__isnull=True), name="task_runs_running_unfinished"
+            ),
+            # At most one live run per task: two workers can never hold one task.
+            models.UniqueConstraint(fields=["task"], condition=Q(finished_at__isnull=True),
+                                    name="task_runs_one_running"),
         ]
         indexes = [
-            models.Index(fields=["lease_expires_at"], name="task_runs_lease_idx", condition=Q(status="RUNNING")),
-            models.Index(fields=["worker_id"], name="task_runs_worker_idx", condition=Q(status="RUNNING")),
+            models.Index(fields=["lease_expires_at"], name="task_runs_lease_idx",
+                         condition=Q(finished_at__isnull=True)),
+            models.Index(fields=["worker_id"], name="task_runs_worker_idx", condition=Q(finished_at__isnull=True)),
         ]
 
     def __str__(self) -> str:

@@ -14,7 +14,7 @@ from tasks.states import FINAL_STATES, TaskStatus, guarded_update
 # The NOTIFY tells the dispatcher holding a RUNNING task to stop its worker.
 CANCEL_TASK = f"""
 WITH live_run AS (
-    SELECT id FROM task_runs WHERE task_id = %(id)s AND status = 'RUNNING' FOR UPDATE
+    SELECT id FROM task_runs WHERE task_id = %(id)s AND finished_at IS NULL AND status = 'RUNNING' FOR UPDATE
 ), moved AS (
     {guarded_update(TaskStatus.CANCELLED, where="id = %(id)s AND (SELECT count(*) FROM live_run) >= 0",
                     set="error_message = COALESCE(%(reason)s, error_message)",

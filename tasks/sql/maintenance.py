@@ -53,21 +53,32 @@ SELECT EXTRACT(EPOCH FROM min(run_at) - now())::float8 FROM tasks WHERE status =
 # -- RUNNING runs whose lease has expired, locked with their task for outcomes.retry_runs. --
 # Both rows are locked (or the pair skipped), so a heartbeat, a result or a cancel
 # that is writing either row right now wins, and one that comes later finds the
-# run closed and changes nothing. Matches task_runs_lease_idx WHERE status = 'RUNNING'.
+# run closed and changes nothing. Matches task_runs_lease_idx WHERE finished_at IS NULL.
 EXPIRED_LEASES = f"""
 SELECT r.id FROM task_runs r JOIN tasks t ON t.id = r.task_id
-WHERE r.status = 'RUNNING' AND r.lease_expires_at < {NOW}
+WHERE r.finished_at IS NULL AND r.status = 'RUNNING' AND r.lease_expires_at < {NOW}
 ORDER BY r.lease_expires_at LIMIT %(limit)s
 FOR UPDATE OF r, t SKIP LOCKED
 """
 
 # -- DISPATCHING tasks claimed longer than %(timeout)s ago (their dispatcher died) → PENDING, no attempt counted. --
-# Matches tasks_dispatching_idx (updated_at) WHERE status = 'DISPATCHING'; one NOTIFY per queue.
+# Read queue by queue from tasks_queue_status_idx: `queues` skips through the index from one
+# queue to the next (one probe per queue), then each queue's DISPATCHING range is read. There
+# is no index on DISPATCHING alone (see Task.Meta). One NOTIFY per queue.
 STUCK_DISPATCHING = f"""
-WITH picked AS MATERIALIZED (
-    SELECT ctid FROM tasks
-    WHERE status = 'DISPATCHING' AND updated_at < {NOW} - make_interval(secs => %(timeout)s)
-    ORDER BY updated_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+WITH RECURSIVE queues(queue) AS (
+    (SELECT queue FROM tasks ORDER BY queue LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.queue FROM tasks t WHERE t.queue > queues.queue ORDER BY t.queue LIMIT 1)
+    FROM queues WHERE queues.queue IS NOT NULL
+), picked AS MATERIALIZED (
+    SELECT stuck.ctid FROM queues CROSS JOIN LATERAL (
+        SELECT t.ctid FROM tasks t
+        WHERE t.queue = queues.queue AND t.status = 'DISPATCHING'
+          AND t.updated_at < {NOW} - make_interval(secs => %(timeout)s)
+        LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+    ) stuck
+    LIMIT %(limit)s
 ), moved AS (
     {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.DISPATCHING],
                     where="ctid = ANY(ARRAY(SELECT ctid FROM picked))", set="claimed_by = NULL",
@@ -127,7 +138,7 @@ PRUNE_EVENT_WATCHERS = "SELECT valka_task_event_watchers_prune()"
 # A run skipped here (its row busy) keeps its lease; the lease reaper closes it later.
 RUNS_OF_WORKERS = """
 SELECT r.id, r.worker_id FROM task_runs r JOIN tasks t ON t.id = r.task_id
-WHERE r.worker_id = ANY(%(worker_ids)s) AND r.status = 'RUNNING'
+WHERE r.worker_id = ANY(%(worker_ids)s) AND r.finished_at IS NULL AND r.status = 'RUNNING'
 FOR UPDATE OF r, t SKIP LOCKED
 """
 

@@ -73,7 +73,8 @@ RETRY_FAILED_RUNS = _retry_runs("FAILED")
 RETRY_LOST_RUNS = _retry_runs("LOST")
 
 # -- The RUNNING runs of a worker (for a disconnect or a replaced session). --
-RUNNING_RUNS_OF_WORKER = "SELECT id FROM task_runs WHERE worker_id = %(worker_id)s AND status = 'RUNNING'"
+RUNNING_RUNS_OF_WORKER = ("SELECT id FROM task_runs "
+                          "WHERE worker_id = %(worker_id)s AND finished_at IS NULL AND status = 'RUNNING'")
 
 
 def _params(run_ids: Sequence[Any], worker_ids: Sequence[str | None] | None, values: Sequence[Any]) -> dict:

@@ -16,41 +16,9 @@ from django.utils import timezone
 from dispatcher import sql
 from tasks.models import Task
 from tasks.services import task_enqueue_many
+from tests.plans import executed_plan, nodes, outline
 
 pytestmark = pytest.mark.django_db(transaction=True)
-
-
-def _plan(statement: str, params: dict, *, generic: bool) -> dict:
-    """The executed plan, on a session set up like the dispatcher's claim connections."""
-    names = list(params)
-    prepared = statement
-    for i, name in enumerate(names, 1):
-        prepared = prepared.replace(f"%({name})s", f"${i}")
-    with connection.cursor() as cur:
-        cur.execute(sql.CLAIM_SESSION)
-        cur.execute(f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}")
-        cur.execute(f"PREPARE claim_plan AS {prepared}")
-        try:
-            placeholders = ", ".join(["%s"] * len(names))
-            cur.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim_plan({placeholders})",
-                        [params[n] for n in names])
-            return cur.fetchone()[0][0]["Plan"]
-        finally:
-            cur.execute("DEALLOCATE claim_plan")
-            cur.execute("RESET ALL")
-
-
-def _outline(plan: dict, depth: int = 0) -> str:
-    """The plan as indented lines: node, index, alias, rows and loops."""
-    line = "  " * depth + " ".join(str(plan.get(k, "")) for k in
-                                   ("Node Type", "Index Name", "Alias", "Actual Rows", "Actual Loops"))
-    return "\n".join([line] + [_outline(child, depth + 1) for child in plan.get("Plans", [])])
-
-
-def _nodes(plan: dict):
-    yield plan
-    for child in plan.get("Plans", []):
-        yield from _nodes(child)
 
 
 @pytest.fixture
@@ -75,20 +43,21 @@ def stale_statistics():
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
 def test_a_claim_after_a_burst_reads_only_what_it_claims(stale_statistics, generic):
-    plan = _plan(sql.CLAIM, sql.claim_params(queue="plan", limit=100, node_id="plan-test"), generic=generic)
+    plan = executed_plan(sql.CLAIM, sql.claim_params(queue="plan", limit=100, node_id="plan-test"),
+                         generic=generic, session=sql.CLAIM_SESSION)
     assert plan["Actual Rows"] == 100
-    nodes = list(_nodes(plan))
-    shown = _outline(plan)
+    all_nodes = list(nodes(plan))
+    shown = outline(plan)
     # The only sorts are of the claimed rows, into claim order, and of the queue's few priorities.
-    sorts = [n for n in nodes if n["Node Type"] == "Sort"]
+    sorts = [n for n in all_nodes if n["Node Type"] == "Sort"]
     assert all([c.get("CTE Name") for c in n["Plans"] if c["Parent Relationship"] == "Outer"]
                in (["claimed"], ["priorities"]) for n in sorts), shown
     # Each read of tasks is an index scan run once (the pick stops at its limit), except the
     # UPDATE, which reaches each picked row by its address.
-    reads = [n for n in nodes if n.get("Relation Name") == "tasks" and n["Node Type"] != "ModifyTable"]
+    reads = [n for n in all_nodes if n.get("Relation Name") == "tasks" and n["Node Type"] != "ModifyTable"]
     assert {n["Node Type"] for n in reads} <= {"Index Scan", "Index Only Scan", "Tid Scan"}, shown
     assert all(n["Actual Loops"] == 1 for n in reads if n["Node Type"] != "Tid Scan"), shown
-    update = next(n for n in nodes if n["Node Type"] == "ModifyTable")
+    update = next(n for n in all_nodes if n["Node Type"] == "ModifyTable")
     assert [c["Node Type"] for c in update["Plans"] if c.get("Relation Name") == "tasks"] == ["Tid Scan"], shown
 
 
@@ -100,11 +69,12 @@ def test_tasks_scheduled_for_later_are_not_read_by_a_claim():
     due = task_enqueue_many([{"task_name": "t", "queue": "plan"}])[0]
     with connection.cursor() as cur:
         cur.execute("ANALYZE tasks")
-    plan = _plan(sql.CLAIM, sql.claim_params(queue="plan", limit=64, node_id="plan-test"), generic=False)
+    plan = executed_plan(sql.CLAIM, sql.claim_params(queue="plan", limit=64, node_id="plan-test"),
+                         generic=False, session=sql.CLAIM_SESSION)
     assert plan["Actual Rows"] == 1
-    pick = [n for n in _nodes(plan) if n.get("Relation Name") == "tasks" and "Index" in n["Node Type"]]
+    pick = [n for n in nodes(plan) if n.get("Relation Name") == "tasks" and "Index" in n["Node Type"]]
     # A few index entries per probe, never the five thousand scheduled ones.
-    assert all(n["Actual Rows"] <= 2 for n in pick), _outline(plan)
+    assert all(n["Actual Rows"] <= 2 for n in pick), outline(plan)
     assert Task.objects.get(id=due.id).status == "DISPATCHING"
 
 
@@ -126,10 +96,11 @@ def test_the_priority_probes_skip_the_tasks_claimed_before(stale_statistics):
         for _ in range(30):  # 9,000 of the queue's 10,000 PENDING tasks claimed, a batch at a time
             cur.execute(sql.CLAIM, sql.claim_params(queue="plan", limit=300, node_id="plan-test"))
         cur.execute("RESET ALL")
-    plan = _plan(sql.CLAIM, sql.claim_params(queue="plan", limit=10, node_id="plan-test"), generic=True)
+    plan = executed_plan(sql.CLAIM, sql.claim_params(queue="plan", limit=10, node_id="plan-test"),
+                         generic=True, session=sql.CLAIM_SESSION)
     assert plan["Actual Rows"] == 10
-    probes = [n for n in _nodes(plan) if n["Node Type"] == "Index Only Scan"]
-    assert probes and all(n["Shared Hit Blocks"] <= 8 for n in probes), _outline(plan)
+    probes = [n for n in nodes(plan) if n["Node Type"] == "Index Only Scan"]
+    assert probes and all(n["Shared Hit Blocks"] <= 8 for n in probes), outline(plan)
 
 
 def test_a_claim_after_a_floor_skips_the_tasks_claimed_before_it(stale_statistics):
@@ -142,8 +113,8 @@ def test_a_claim_after_a_floor_skips_the_tasks_claimed_before_it(stale_statistic
             last = cur.fetchall()[-1]
             after = (last[7], last[8], last[0])  # priority, run_at, id of the last task claimed
         cur.execute("RESET ALL")
-    plan = _plan(sql.CLAIM, sql.claim_params(queue="plan", limit=10, node_id="plan-test", after=after),
-                 generic=True)
+    plan = executed_plan(sql.CLAIM, sql.claim_params(queue="plan", limit=10, node_id="plan-test", after=after),
+                         generic=True, session=sql.CLAIM_SESSION)
     assert plan["Actual Rows"] == 10
-    due = [n for n in _nodes(plan) if n["Node Type"] == "Index Scan"]
-    assert due and all(n["Shared Hit Blocks"] <= 12 for n in due), _outline(plan)
+    due = [n for n in nodes(plan) if n["Node Type"] == "Index Scan"]
+    assert due and all(n["Shared Hit Blocks"] <= 12 for n in due), outline(plan)

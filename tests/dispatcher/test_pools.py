@@ -45,7 +45,7 @@ def test_only_claims_skip_the_flush_wait(durable_database):
         return claims, writes
 
     assert asyncio.run(scenario()) == (("off", "off", "off", "off", "force_generic_plan"),
-                                       ("on", "on", "on", "on", "auto"))
+                                       ("on", "off", "on", "on", "auto"))
 
 
 def test_a_claim_connection_plans_the_claim_once():

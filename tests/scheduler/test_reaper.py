@@ -172,3 +172,22 @@ def test_stuck_dispatching_goes_back_to_pending_without_counting_an_attempt(list
 
     assert run_async(late_start) == 0
     assert Task.objects.get(id=stuck.id).status == "PENDING"
+
+
+def test_stuck_dispatching_tasks_of_every_queue_are_recovered_batch_by_batch(listen):
+    """The reaper walks the queues one by one; a batch smaller than what is stuck is repeated."""
+    now = db_now()
+    old = now - timedelta(seconds=61)
+    stuck = [TaskFactory(status="DISPATCHING", queue=queue, claimed_by="dead-node", updated_at=old)
+             for queue in ("alpha", "alpha", "alpha", "gamma", "zeta")]
+    TaskFactory(status="COMPLETED", queue="beta", finished_at=now)
+    TaskFactory(status="PENDING", queue="delta")
+    recent = TaskFactory(status="DISPATCHING", queue="gamma", claimed_by="live-node",
+                         updated_at=now - timedelta(seconds=10))
+    listener = listen()
+
+    assert once(LeaseReaper(make_config(dispatching_timeout=60, batch_size=2))) == 5
+
+    assert set(Task.objects.filter(id__in=[t.id for t in stuck]).values_list("status", flat=True)) == {"PENDING"}
+    assert Task.objects.get(id=recent.id).status == "DISPATCHING"
+    assert sorted(set(listener.drain(3))) == ["alpha", "gamma", "zeta"]

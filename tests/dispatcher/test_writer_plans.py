@@ -1,0 +1,88 @@
+"""The dispatcher's starts, results and heartbeats in the middle of a drain, before a vacuum.
+
+Every task started and finished since the last vacuum has left an entry behind in each index
+on an in-flight state it passed through, while the statistics, taken when little was in
+flight, call those states nearly empty. Planned on them, a start once scanned all of those
+entries to find the few tasks it starts. Keyed statements must read their rows by key.
+"""
+
+import uuid
+
+import pytest
+from django.db import connection
+
+from dispatcher import sql
+from tasks.services import task_enqueue_many
+from tasks.sql import outcomes
+from tests.plans import executed_plan, nodes, outline
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+NODE = "plan-node"
+BATCH = 64
+
+
+def _unkeyed_reads(plan: dict) -> list[dict]:
+    """Reads of tasks or task_runs that are not a look-up by key: a sequential scan, or an index
+    read whole (no index condition)."""
+    return [n for n in nodes(plan)
+            if (n["Node Type"] == "Seq Scan" and n.get("Relation Name") in ("tasks", "task_runs"))
+            or (n.get("Index Name", "").startswith(("tasks_", "task_runs_")) and not n.get("Index Cond"))]
+
+
+def _claim(n: int) -> list[str]:
+    with connection.cursor() as cur:
+        cur.execute(sql.CLAIM, sql.claim_params(queue="writer", limit=n, node_id=NODE))
+        return [row[0] for row in cur.fetchall()]
+
+
+def _start(task_ids: list[str]) -> dict:
+    return {"task_ids": task_ids, "run_ids": [str(uuid.uuid4()) for _ in task_ids],
+            "worker_ids": ["w1"] * len(task_ids), "node_id": NODE}
+
+
+@pytest.fixture
+def after_a_drain():
+    """3,000 tasks claimed, started and completed with no vacuum since; analyzed once they were done."""
+    with connection.cursor() as cur:
+        for table in ("tasks", "task_runs"):
+            cur.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+    try:
+        with connection.cursor() as cur:
+            for _ in range(3):
+                task_enqueue_many([{"task_name": "t", "queue": "writer"}] * 1000)
+                start = _start(_claim(1000))
+                cur.execute(sql.START_RUNS, start)
+                cur.execute(outcomes.COMPLETE_RUNS, outcomes._params(start["run_ids"], start["worker_ids"],
+                                                                     ["{}"] * 1000))
+            cur.execute("ANALYZE tasks")
+            cur.execute("ANALYZE task_runs")
+        task_enqueue_many([{"task_name": "t", "queue": "writer"}] * BATCH)
+        yield
+    finally:
+        with connection.cursor() as cur:
+            for table in ("tasks", "task_runs"):
+                cur.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
+def test_a_start_reads_the_tasks_it_starts_by_id(after_a_drain, generic):
+    plan = executed_plan(sql.START_RUNS, _start(_claim(BATCH)), generic=generic, session=sql.WRITER_SESSION)
+    assert plan["Actual Rows"] == BATCH
+    assert not _unkeyed_reads(plan), outline(plan)
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
+def test_results_and_heartbeats_read_their_runs_by_id(after_a_drain, generic):
+    start = _start(_claim(BATCH))
+    with connection.cursor() as cur:
+        cur.execute(sql.START_RUNS, start)
+    beat = executed_plan(sql.HEARTBEAT, {"worker_ids": start["worker_ids"], "task_ids": start["task_ids"],
+                                         "extension": 30}, generic=generic, session=sql.WRITER_SESSION)
+    assert beat["Actual Rows"] == BATCH
+    assert not _unkeyed_reads(beat), outline(beat)
+    done = executed_plan(outcomes.COMPLETE_RUNS,
+                         outcomes._params(start["run_ids"], start["worker_ids"], ["{}"] * BATCH),
+                         generic=generic, session=sql.WRITER_SESSION)
+    assert done["Actual Rows"] == BATCH
+    assert not _unkeyed_reads(done), outline(done)

@@ -1,0 +1,40 @@
+"""Executed plans of the statements that matter for speed, for tests that assert their shape."""
+
+from collections.abc import Iterator
+
+from django.db import connection
+
+
+def executed_plan(statement: str, params: dict, *, generic: bool, session: str = "") -> dict:
+    """EXPLAIN ANALYZE of `statement` prepared (named placeholders become $n), in the custom or
+    the generic plan, on a session set up with `session` first. Its writes stay."""
+    names = list(params)
+    prepared = statement
+    for i, name in enumerate(names, 1):
+        prepared = prepared.replace(f"%({name})s", f"${i}")
+    with connection.cursor() as cur:
+        if session:
+            cur.execute(session)
+        cur.execute(f"SET plan_cache_mode = {'force_generic_plan' if generic else 'force_custom_plan'}")
+        cur.execute(f"PREPARE plan_under_test AS {prepared}")
+        try:
+            placeholders = ", ".join(["%s"] * len(names))
+            cur.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE plan_under_test({placeholders})",
+                        [params[n] for n in names])
+            return cur.fetchone()[0][0]["Plan"]
+        finally:
+            cur.execute("DEALLOCATE plan_under_test")
+            cur.execute("RESET ALL")
+
+
+def outline(plan: dict, depth: int = 0) -> str:
+    """The plan as indented lines: node, index, alias, rows and loops."""
+    line = "  " * depth + " ".join(str(plan.get(k, "")) for k in
+                                   ("Node Type", "Index Name", "Alias", "Actual Rows", "Actual Loops"))
+    return "\n".join([line] + [outline(child, depth + 1) for child in plan.get("Plans", [])])
+
+
+def nodes(plan: dict) -> Iterator[dict]:
+    yield plan
+    for child in plan.get("Plans", []):
+        yield from nodes(child)
