@@ -31,7 +31,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__)
     p.add_argument("--n", type=int, default=int(env("BENCH_N", 10_000)), help="tasks per drain round")
     p.add_argument("--workers", type=int, default=int(env("BENCH_WORKERS", 1)), help="worker processes (W)")
-    p.add_argument("--concurrency", type=int, default=int(env("BENCH_CONCURRENCY", 64)),
+    p.add_argument("--concurrency", type=int, default=int(env("BENCH_CONCURRENCY", 256)),
                    help="tasks in flight per worker process (C)")
     p.add_argument("--rounds", type=int, default=int(env("BENCH_ROUNDS", 3)), help="drain rounds (median)")
     p.add_argument("--enqueue-count", type=int, default=int(env("BENCH_ENQUEUE_COUNT", 2000)))
