@@ -26,8 +26,10 @@ CLAIM_SESSION = ("SET synchronous_commit = off; SET enable_seqscan = off; SET en
 # -- The dispatcher's other connections: starts, results, heartbeats, logs, sessions. --
 # Every statement they run reads tasks and task_runs by key, a batch at a time. Behind
 # statistics (a young table, a burst since the last ANALYZE), the planner would rather scan a
-# table it believes small than look up a batch of keys. tests/dispatcher/test_writer_plans.py
-# checks the plans.
+# table it believes small than look up a batch of keys. That holds for the foreign key checks
+# of new runs and log lines too, whose plans a connection keeps: planned while tasks was
+# nearly empty, each check scanned the whole table once it had grown.
+# tests/dispatcher/test_writer_plans.py checks the plans.
 WRITER_SESSION = "SET enable_seqscan = off"
 
 # -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --

@@ -9,7 +9,7 @@ entries to find the few tasks it starts. Keyed statements must read their rows b
 import uuid
 
 import pytest
-from django.db import connection
+from django.db import connection, transaction
 
 from dispatcher import sql
 from tasks.services import task_enqueue_many
@@ -86,3 +86,32 @@ def test_results_and_heartbeats_read_their_runs_by_id(after_a_drain, generic):
                          generic=generic, session=sql.WRITER_SESSION)
     assert done["Actual Rows"] == BATCH
     assert not _unkeyed_reads(done), outline(done)
+
+
+def test_run_inserts_check_their_task_by_key_after_the_table_grew():
+    """The foreign key check of a new run is planned once per connection, and kept. Planned while
+    `tasks` was nearly empty, as when a dispatcher starts on a young table, it scanned the whole
+    table for every run once the table had grown (until a vacuum or analyze replanned it)."""
+    def start_runs(n: int) -> int:
+        """Starts n new tasks with the foreign key checked at once; the sequential scans of tasks
+        that took in this transaction."""
+        task_enqueue_many([{"task_name": "t", "queue": "writer"}] * n)
+        with transaction.atomic(), connection.cursor() as cur:
+            cur.execute("SET CONSTRAINTS ALL IMMEDIATE")
+            cur.execute(sql.START_RUNS, _start(_claim(n)))
+            assert len(cur.fetchall()) == n
+            cur.execute("SELECT seq_scan FROM pg_stat_xact_user_tables WHERE relname = 'tasks'")
+            return cur.fetchone()[0]
+
+    with connection.cursor() as cur:
+        cur.execute("VACUUM ANALYZE tasks")
+        cur.execute(sql.WRITER_SESSION)
+    try:
+        for _ in range(8):  # the check's plan is cached for the connection after five
+            start_runs(1)
+        task_enqueue_many([{"task_name": "t", "queue": "grown"}] * 1000)
+        task_enqueue_many([{"task_name": "t", "queue": "grown"}] * 1000)
+        assert start_runs(BATCH) == 0
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("RESET ALL")
