@@ -25,6 +25,7 @@ from django.core.paginator import Paginator
 from django.db import connection, transaction
 from django.utils import timezone
 
+from tasks.sql.queues import QUEUES
 from tasks.states import TaskStatus
 
 COUNT_CAP = 10_000
@@ -61,17 +62,12 @@ WHERE %(statuses)s::text[] IS NULL OR p.status = ANY(%(statuses)s::text[])
 LIMIT %(limit)s
 """
 
-# -- Oldest due PENDING task per queue. The queues are found one index probe each (a loose scan
-# of tasks_queue_status_idx); the head of each (queue, PENDING, priority) range of that index is
-# that priority's earliest run_at, and the earliest head that is due is the queue's oldest due
-# task. One probe per queue and per (queue, priority) pair.
-QUEUE_LAG = """
-WITH RECURSIVE queues(queue) AS (
-    (SELECT queue FROM tasks ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.queue FROM tasks t WHERE t.queue > q.queue ORDER BY t.queue LIMIT 1)
-    FROM queues q WHERE q.queue IS NOT NULL
-), heads(queue, priority, run_at) AS (
+# -- Oldest due PENDING task per queue. The queues are found one index probe each (QUEUES);
+# the head of each (queue, PENDING, priority) range of tasks_queue_status_idx is that
+# priority's earliest run_at, and the earliest head that is due is the queue's oldest due task.
+# One probe per queue and per (queue, priority) pair.
+QUEUE_LAG = f"""
+WITH RECURSIVE {QUEUES}, heads(queue, priority, run_at) AS (
     SELECT h.queue, h.priority, h.run_at FROM queues q CROSS JOIN LATERAL (
         SELECT t.queue, t.priority, t.run_at FROM tasks t
         WHERE t.queue = q.queue AND t.status = 'PENDING'

@@ -1,5 +1,6 @@
 """Executed plans of the statements that matter for speed, for tests that assert their shape."""
 
+import contextlib
 from collections.abc import Iterator
 
 from django.db import connection
@@ -38,3 +39,17 @@ def nodes(plan: dict) -> Iterator[dict]:
     yield plan
     for child in plan.get("Plans", []):
         yield from nodes(child)
+
+
+@contextlib.contextmanager
+def no_autovacuum(*tables: str) -> Iterator[None]:
+    """Keep autovacuum off `tables`, so their statistics stay as stale as the test made them."""
+    with connection.cursor() as cur:
+        for table in tables:
+            cur.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
+    try:
+        yield
+    finally:
+        with connection.cursor() as cur:
+            for table in tables:
+                cur.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")

@@ -12,6 +12,7 @@ database clock) or an explicit time, so tests move time without sleeping.
 """
 
 from tasks.notify import TASK_READY
+from tasks.sql.queues import QUEUES
 from tasks.states import FINAL_STATES, TaskStatus, guarded_update
 
 # The reference time of a statement: the caller's, or the database's own clock.
@@ -62,19 +63,13 @@ FOR UPDATE OF r, t SKIP LOCKED
 """
 
 # -- DISPATCHING tasks claimed longer than %(timeout)s ago (their dispatcher died) → PENDING, no attempt counted. --
-# Read queue by queue from tasks_queue_status_idx: `queues` skips through the index from one
-# queue to the next (one probe per queue), then each queue's DISPATCHING range is read. There
-# is no index on DISPATCHING alone (see Task.Meta). One NOTIFY per queue.
+# Read queue by queue from tasks_queue_status_idx (QUEUES, then each queue's DISPATCHING
+# range): there is no index on DISPATCHING alone (see Task.Meta). One NOTIFY per queue.
 STUCK_DISPATCHING = f"""
-WITH RECURSIVE queues(queue) AS (
-    (SELECT queue FROM tasks ORDER BY queue LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.queue FROM tasks t WHERE t.queue > queues.queue ORDER BY t.queue LIMIT 1)
-    FROM queues WHERE queues.queue IS NOT NULL
-), picked AS MATERIALIZED (
-    SELECT stuck.ctid FROM queues CROSS JOIN LATERAL (
+WITH RECURSIVE {QUEUES}, picked AS MATERIALIZED (
+    SELECT stuck.ctid FROM queues q CROSS JOIN LATERAL (
         SELECT t.ctid FROM tasks t
-        WHERE t.queue = queues.queue AND t.status = 'DISPATCHING'
+        WHERE t.queue = q.queue AND t.status = 'DISPATCHING'
           AND t.updated_at < {NOW} - make_interval(secs => %(timeout)s)
         LIMIT %(limit)s FOR UPDATE SKIP LOCKED
     ) stuck

@@ -16,7 +16,7 @@ from django.utils import timezone
 from dispatcher import sql
 from tasks.models import Task
 from tasks.services import task_enqueue_many
-from tests.plans import executed_plan, nodes, outline
+from tests.plans import executed_plan, no_autovacuum, nodes, outline
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -24,9 +24,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 @pytest.fixture
 def stale_statistics():
     """A table analyzed when the queue held a handful of PENDING tasks, then a burst of them."""
-    with connection.cursor() as cur:
-        cur.execute("ALTER TABLE tasks SET (autovacuum_enabled = off)")
-    try:
+    with no_autovacuum("tasks"):
         for _ in range(4):
             task_enqueue_many([{"task_name": "t", "queue": "plan"}] * 1000)
         with connection.cursor() as cur:
@@ -36,9 +34,6 @@ def stale_statistics():
         for _ in range(10):
             task_enqueue_many([{"task_name": "t", "queue": "plan"}] * 1000)
         yield
-    finally:
-        with connection.cursor() as cur:
-            cur.execute("ALTER TABLE tasks RESET (autovacuum_enabled)")
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])

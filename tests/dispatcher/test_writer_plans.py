@@ -14,7 +14,7 @@ from django.db import connection, transaction
 from dispatcher import sql
 from tasks.services import task_enqueue_many
 from tasks.sql import outcomes
-from tests.plans import executed_plan, nodes, outline
+from tests.plans import executed_plan, no_autovacuum, nodes, outline
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -44,10 +44,7 @@ def _start(task_ids: list[str]) -> dict:
 @pytest.fixture
 def after_a_drain():
     """3,000 tasks claimed, started and completed with no vacuum since; analyzed once they were done."""
-    with connection.cursor() as cur:
-        for table in ("tasks", "task_runs"):
-            cur.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = off)")
-    try:
+    with no_autovacuum("tasks", "task_runs"):
         with connection.cursor() as cur:
             for _ in range(3):
                 task_enqueue_many([{"task_name": "t", "queue": "writer"}] * 1000)
@@ -59,10 +56,6 @@ def after_a_drain():
             cur.execute("ANALYZE task_runs")
         task_enqueue_many([{"task_name": "t", "queue": "writer"}] * BATCH)
         yield
-    finally:
-        with connection.cursor() as cur:
-            for table in ("tasks", "task_runs"):
-                cur.execute(f"ALTER TABLE {table} RESET (autovacuum_enabled)")
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
