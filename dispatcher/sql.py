@@ -94,25 +94,36 @@ def claim_params(*, queue: str, limit: int, node_id: str, after: tuple | None = 
 # -- Sent: DISPATCHING → RUNNING, one attempt counted, the run row written with its lease. --
 # A task cancelled between claim and send is not DISPATCHING any more: no run is written for it;
 # nor for one another node claimed since (claimed_by), should this node have stalled that long.
+# Each task of the batch is looked up by id and locked (`locked`), one probe per task, and then
+# moved by its physical address, as a claim does. Joined to the batch in one UPDATE, the tasks
+# could be reached from the other side: statistics taken while nothing was DISPATCHING call
+# that status empty, and on them the planner read every DISPATCHING task first and compared
+# each with the whole batch (2.2 million comparisons, 1.5 s, for a pass of 1,500 starts). Here
+# the UPDATE joins nothing, and a lateral look-up with a lock can only run once per task.
+# The lock holds each row as read until the commit, so every locked task moves and its run
+# row comes from `locked` directly.
 START_RUNS = """
-WITH input AS (
-    SELECT * FROM unnest(%(task_ids)s::uuid[], %(run_ids)s::uuid[], %(worker_ids)s::text[])
-        AS i(task_id, run_id, worker_id)
+WITH locked AS MATERIALIZED (
+    SELECT t.ctid AS tid, t.id, t.attempt_count + 1 AS attempt_number, t.timeout_seconds, i.run_id, i.worker_id
+    FROM unnest(%(task_ids)s::uuid[], %(run_ids)s::uuid[], %(worker_ids)s::text[]) AS i(task_id, run_id, worker_id)
+    CROSS JOIN LATERAL (
+        SELECT ctid, id, attempt_count, timeout_seconds FROM tasks
+        WHERE id = i.task_id AND status = 'DISPATCHING' AND claimed_by = %(node_id)s
+        FOR UPDATE
+    ) t
 ), moved AS (
     """ + guarded_update(
     TaskStatus.RUNNING,
     sources=[TaskStatus.DISPATCHING],
-    from_="input",
-    where="tasks.id = input.task_id AND tasks.claimed_by = %(node_id)s",
-    set="attempt_count = tasks.attempt_count + 1, started_at = now(), error_message = NULL",
-    returning="tasks.id, tasks.attempt_count, tasks.timeout_seconds, input.run_id, input.worker_id",
+    where="ctid = ANY(ARRAY(SELECT tid FROM locked))",
+    set="attempt_count = attempt_count + 1, started_at = now(), error_message = NULL",
 ) + """
 )
 INSERT INTO task_runs (id, task_id, attempt_number, worker_id, status, lease_expires_at, started_at,
                        last_heartbeat_at)
-SELECT run_id, id, attempt_count, worker_id, 'RUNNING', now() + make_interval(secs => timeout_seconds),
+SELECT run_id, id, attempt_number, worker_id, 'RUNNING', now() + make_interval(secs => timeout_seconds),
        now(), now()
-FROM moved
+FROM locked
 ON CONFLICT DO NOTHING
 RETURNING task_id::text,
     EXISTS (SELECT 1 FROM signals s WHERE s.task_id = task_runs.task_id AND s.status = 'PENDING') AS has_signals
