@@ -13,6 +13,8 @@ from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
 from psycopg_pool import AsyncConnectionPool
 
+from valka import arrays
+
 
 def conninfo(alias: str = "default", application_name: str = "valka") -> str:
     s = connections.databases[alias]
@@ -51,11 +53,14 @@ def make_pool(application_name: str, min_size: int = 1, max_size: int = 4, *,
     """A pool that checks idle connections on borrow, so a PostgreSQL restart heals itself.
 
     `session` is SQL run once on each new connection (settings for a pool that runs one
-    kind of statement, such as the dispatcher's claims).
+    kind of statement, such as the dispatcher's claims). Its connections send
+    `valka.arrays.BinaryArray` parameters in binary.
     """
 
     async def configure(conn: AsyncConnection) -> None:
-        await conn.execute(session)
+        arrays.register(conn.adapters)
+        if session:
+            await conn.execute(session)
 
     return AsyncConnectionPool(
         conninfo(application_name=application_name),
@@ -64,7 +69,7 @@ def make_pool(application_name: str, min_size: int = 1, max_size: int = 4, *,
         open=False,
         check=_check_if_idle,
         reset=_mark_returned,
-        configure=configure if session else None,
+        configure=configure,
         kwargs={"autocommit": True},
         reconnect_timeout=0,  # keep trying forever; the loops back off and log
         timeout=10,

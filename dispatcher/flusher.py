@@ -20,6 +20,7 @@ import psycopg
 from dispatcher import sql
 from dispatcher.session import InFlight
 from tasks.sql import outcomes
+from valka.arrays import BinaryArray
 
 if TYPE_CHECKING:
     from dispatcher.node import DispatcherNode
@@ -166,16 +167,18 @@ class Flusher:
                     await self._write_results(conn, results)
                 if beats:
                     await conn.execute(sql.HEARTBEAT, {
-                        "worker_ids": [w for w, _ in beats], "task_ids": [t for _, t in beats],
+                        "worker_ids": BinaryArray(w for w, _ in beats), "task_ids": BinaryArray(t for _, t in beats),
                         "extension": self.node.settings.lease_extension,
                     })
                 if heard:
                     await conn.execute(sql.WORKERS_HEARD, {"worker_ids": sorted(heard)})
                 if lines:
                     await conn.execute(sql.INSERT_LOGS, {
-                        "run_ids": [line.run_id for line in lines], "ts_ms": [line.ts_ms for line in lines],
-                        "levels": [line.level for line in lines], "messages": [line.message for line in lines],
-                        "metadata": [line.metadata for line in lines],
+                        "run_ids": BinaryArray(line.run_id for line in lines),
+                        "ts_ms": BinaryArray(line.ts_ms for line in lines),
+                        "levels": BinaryArray(line.level for line in lines),
+                        "messages": BinaryArray(line.message for line in lines),
+                        "metadata": BinaryArray(line.metadata for line in lines),
                     })
         except BaseException:
             self._starts[:0] = starts
@@ -196,9 +199,9 @@ class Flusher:
         """DISPATCHING → RUNNING with run rows; returns the task ids that moved and the signals
         that waited for them, taken in this transaction (to send after its commit)."""
         cur = await conn.execute(sql.START_RUNS, {
-            "task_ids": [e.task_id for e, _ in starts],
-            "run_ids": [e.run_id for e, _ in starts],
-            "worker_ids": [w for _, w in starts],
+            "task_ids": BinaryArray(e.task_id for e, _ in starts),
+            "run_ids": BinaryArray(e.run_id for e, _ in starts),
+            "worker_ids": BinaryArray(w for _, w in starts),
             "node_id": self.node.settings.node_id,
         })
         rows = await cur.fetchall()

@@ -20,6 +20,7 @@ from typing import Any
 from signals.sql import REDELIVER as REDELIVER_SIGNALS
 from tasks.sql.lifecycle import DEAD_LETTER_TASKS
 from tasks.states import TaskStatus, guarded_update
+from valka.arrays import BinaryArray
 
 _CLOSE = """
 WITH input AS (
@@ -79,9 +80,9 @@ RUNNING_RUNS_OF_WORKER = ("SELECT id FROM task_runs "
 
 def _params(run_ids: Sequence[Any], worker_ids: Sequence[str | None] | None, values: Sequence[Any]) -> dict:
     return {
-        "run_ids": list(run_ids),
-        "worker_ids": list(worker_ids) if worker_ids is not None else [None] * len(run_ids),
-        "values": list(values),
+        "run_ids": BinaryArray(run_ids),
+        "worker_ids": BinaryArray(worker_ids) if worker_ids is not None else BinaryArray([None] * len(run_ids)),
+        "values": BinaryArray(values),
     }
 
 
