@@ -19,13 +19,14 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING
 
 from dispatcher import sql
 from dispatcher.session import InFlight, WorkerSession
-from valka.ids import uuid7
+from valka.ids import uuid7_text_many
 from valka.v1 import worker_pb2 as pb
 
 if TYPE_CHECKING:
@@ -73,6 +74,7 @@ class Claimer:
         self._urgent = True  # a wake-up other than a freed slot is pending
         self._turn = itertools.count()
         self._floors: dict[str, Floor] = {}
+        self._gathering = False
 
     def wake(self, queue: str | None = None) -> None:
         if queue is None:
@@ -83,11 +85,14 @@ class Claimer:
         self._wake.set()
 
     def freed(self, queue: str) -> None:
-        """A slot of `queue` was freed (a result came back)."""
+        """A slot of `queue` was freed (a result came back). While a gather waits for more, only
+        the slot that makes a quarter free ends it: waking it for each result cost more than the
+        claim it waits for."""
         self._queues.add(queue)
-        self._wake.set()
+        if not (self._gathering and self._few_free((queue,))):
+            self._wake.set()
 
-    def _few_free(self, queues: set[str]) -> bool:
+    def _few_free(self, queues: Iterable[str]) -> bool:
         for queue in queues:
             sessions = self.node.sessions_for(queue)
             if sum(s.free_slots() for s in sessions) * 4 >= sum(s.concurrency for s in sessions):
@@ -96,18 +101,17 @@ class Claimer:
 
     async def _gather(self) -> None:
         """While the pending wake-ups are only freed slots and few are free, wait (GATHER at most)
-        for results to free more; each freed slot and any other wake-up looks again."""
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + GATHER
-        while not self._urgent and self._few_free(self._queues):
-            remaining = deadline - loop.time()
-            if remaining <= 0:
-                return
-            self._wake.clear()
-            try:
-                await asyncio.wait_for(self._wake.wait(), remaining)
-            except TimeoutError:
-                return
+        for results to free more; any other wake-up, or a quarter of the slots free, ends the wait."""
+        if self._urgent or not self._few_free(self._queues):
+            return
+        self._gathering = True
+        self._wake.clear()
+        try:
+            await asyncio.wait_for(self._wake.wait(), GATHER)
+        except TimeoutError:
+            pass
+        finally:
+            self._gathering = False
 
     async def run(self, stop: asyncio.Event) -> None:
         poll = self.node.settings.poll_interval
@@ -166,6 +170,7 @@ class Claimer:
         unsent: list[str] = []
         order = sessions[start % len(sessions):] + sessions[: start % len(sessions)]
         ring = itertools.cycle(order)
+        run_ids = iter(uuid7_text_many(len(rows)))
         for task_id, task_name, _q, payload, metadata, attempt, timeout, _prio, _run_at in rows:
             session = None
             for _ in range(len(order)):
@@ -176,7 +181,7 @@ class Claimer:
             if session is None:  # every session closed meanwhile
                 unsent.append(task_id)
                 continue
-            entry = InFlight(task_id=task_id, run_id=str(uuid7()), queue=queue, attempt=attempt)
+            entry = InFlight(task_id=task_id, run_id=next(run_ids), queue=queue, attempt=attempt)
             session.reserve(entry)
             session.send(pb.WorkerResponse(task_assignment=pb.TaskAssignment(
                 task_id=entry.task_id, task_run_id=entry.run_id, queue_name=queue, task_name=task_name,

@@ -258,11 +258,11 @@ class DispatcherNode:
 
     def on_result(self, session: WorkerSession, result: pb.TaskResult) -> str | None:
         """Take a worker's result; returns a complaint for a result we could not use."""
-        if not valid_uuid(result.task_run_id):
-            return f"task_result: task_run_id {result.task_run_id!r} is not a run id"
         entry = session.release(result.task_run_id)
-        if entry is not None:
+        if entry is not None:  # a run id this node made: no need to check its form
             self.claimer.freed(entry.queue)
+        elif not valid_uuid(result.task_run_id):
+            return f"task_result: task_run_id {result.task_run_id!r} is not a run id"
         if result.success:
             output = json_or_none(result.output) if result.output else None
             if result.output and output is None:

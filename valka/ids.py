@@ -30,6 +30,19 @@ def uuid7_many(count: int) -> list[uuid.UUID]:
     return [_make(ms, counter, int.from_bytes(rand[8 * i:8 * i + 8])) for i, (ms, counter) in enumerate(stamps)]
 
 
+def uuid7_text_many(count: int) -> list[str]:
+    """`uuid7_many` as canonical text, formatted straight from the number: the dispatcher names
+    every run it hands out, and building a UUID object only to print it cost three times as much."""
+    with _lock:
+        stamps = [_next() for _ in range(count)]
+    rand = os.urandom(8 * count)
+    out = []
+    for i, (ms, counter) in enumerate(stamps):
+        h = f"{_number(ms, counter, int.from_bytes(rand[8 * i:8 * i + 8])):032x}"
+        out.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+    return out
+
+
 def _next() -> tuple[int, int]:
     """The next (millisecond, counter) pair; the caller holds `_lock`."""
     global _last_ms, _counter
@@ -47,5 +60,9 @@ def _next() -> tuple[int, int]:
 
 
 def _make(ms: int, counter: int, rand: int) -> uuid.UUID:
+    return uuid.UUID(int=_number(ms, counter, rand))
+
+
+def _number(ms: int, counter: int, rand: int) -> int:
     rand &= (1 << 62) - 1
-    return uuid.UUID(int=(ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand)
+    return (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand

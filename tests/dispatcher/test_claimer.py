@@ -35,10 +35,14 @@ class Slots:
 
 
 def _put_back(task_id: str) -> None:
-    """Unsent, as when its worker's stream broke: PENDING again, with its old due time."""
-    with connection.cursor() as cur:
-        cur.execute(UNSEND, {"task_ids": [task_id], "node_id": "claimer-test"})
-        assert cur.fetchall()
+    """Unsent, as when its worker's stream broke: PENDING again, with its old due time. Runs in a
+    thread of its own, whose connection it closes (left open, it kept the test database busy)."""
+    try:
+        with connection.cursor() as cur:
+            cur.execute(UNSEND, {"task_ids": [task_id], "node_id": "claimer-test"})
+            assert cur.fetchall()
+    finally:
+        connection.close()
 
 
 async def _scenario(ids: list[str]) -> list[list[str]]:
@@ -75,3 +79,62 @@ def test_the_floor_lasts_only_floor_ttl(monkeypatch):
     ids = [str(t.id) for t in task_enqueue_many([{"task_name": "t", "queue": "floor"}] * 25)]
     passes = asyncio.run(_scenario(ids))
     assert passes[1] == [ids[0]] + ids[10:19]  # from the start of the range again: oldest first
+
+
+def _gathering_claimer(concurrency: int) -> tuple[Claimer, Slots]:
+    slots = Slots(concurrency)
+    slots.taken = concurrency  # every slot busy
+    node = SimpleNamespace(sessions_for=lambda queue: [slots])
+    claimer = Claimer(node)
+    claimer._urgent = claimer._everything = False
+    return claimer, slots
+
+
+def test_a_claim_for_freed_slots_waits_until_a_quarter_are_free():
+    async def scenario() -> tuple[float, float]:
+        claimer, slots = _gathering_claimer(16)
+        loop = asyncio.get_running_loop()
+
+        async def results() -> float:
+            for _ in range(4):  # the fourth makes a quarter of the 16 slots free
+                await asyncio.sleep(0.001)
+                slots.taken -= 1
+                claimer.freed("q")
+                if slots.taken == 15:
+                    assert not claimer._wake.is_set()  # one freed slot does not end the wait
+            return loop.time()
+
+        started = loop.time()
+        claimer.freed("q")
+        gather = asyncio.ensure_future(claimer._gather())
+        quarter_free_at = await results()
+        await gather
+        return loop.time() - quarter_free_at, loop.time() - started
+
+    after_quarter, waited = asyncio.run(scenario())
+    assert after_quarter < claimer_module.GATHER / 2
+    assert waited < claimer_module.GATHER
+
+
+def test_a_claim_for_freed_slots_waits_gather_at_most_and_a_new_task_ends_the_wait():
+    async def scenario() -> tuple[float, float]:
+        claimer, slots = _gathering_claimer(16)
+        loop = asyncio.get_running_loop()
+        slots.taken -= 1
+        claimer.freed("q")
+        started = loop.time()
+        await claimer._gather()  # nothing more comes back
+        alone = loop.time() - started
+
+        slots.taken -= 1
+        claimer.freed("q")
+        gather = asyncio.ensure_future(claimer._gather())
+        await asyncio.sleep(0)
+        started = loop.time()
+        claimer.wake("q")  # a new task
+        await gather
+        return alone, loop.time() - started
+
+    alone, woken = asyncio.run(scenario())
+    assert claimer_module.GATHER * 0.9 <= alone < claimer_module.GATHER * 5
+    assert woken < claimer_module.GATHER / 2
