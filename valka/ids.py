@@ -16,31 +16,33 @@ def uuid7() -> uuid.UUID:
     The counter keeps ids from one process strictly increasing within a
     millisecond, so "order by id" is creation order for a single producer.
     """
-    with _lock:
-        ms, counter = _next()
-    return _make(ms, counter, int.from_bytes(os.urandom(8)))
+    return uuid.UUID(int=_numbers(1)[0])
 
 
 def uuid7_many(count: int) -> list[uuid.UUID]:
     """`count` UUIDv7s in increasing order, as `uuid7` would make them one after another,
     with one lock and one read of randomness (a batch of a thousand tasks needs a thousand)."""
-    with _lock:
-        stamps = [_next() for _ in range(count)]
-    rand = os.urandom(8 * count)
-    return [_make(ms, counter, int.from_bytes(rand[8 * i:8 * i + 8])) for i, (ms, counter) in enumerate(stamps)]
+    return [uuid.UUID(int=n) for n in _numbers(count)]
 
 
 def uuid7_text_many(count: int) -> list[str]:
     """`uuid7_many` as canonical text, formatted straight from the number: the dispatcher names
     every run it hands out, and building a UUID object only to print it cost three times as much."""
+    out = []
+    for n in _numbers(count):
+        h = f"{n:032x}"
+        out.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
+    return out
+
+
+def _numbers(count: int) -> list[int]:
+    """`count` UUIDv7s as 128-bit numbers, in increasing order."""
     with _lock:
         stamps = [_next() for _ in range(count)]
     rand = os.urandom(8 * count)
-    out = []
-    for i, (ms, counter) in enumerate(stamps):
-        h = f"{_number(ms, counter, int.from_bytes(rand[8 * i:8 * i + 8])):032x}"
-        out.append(f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}")
-    return out
+    return [(ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62
+            | int.from_bytes(rand[8 * i:8 * i + 8]) & ((1 << 62) - 1)
+            for i, (ms, counter) in enumerate(stamps)]
 
 
 def _next() -> tuple[int, int]:
@@ -57,12 +59,3 @@ def _next() -> tuple[int, int]:
             _counter = 0
         ms = _last_ms
     return ms, _counter
-
-
-def _make(ms: int, counter: int, rand: int) -> uuid.UUID:
-    return uuid.UUID(int=_number(ms, counter, rand))
-
-
-def _number(ms: int, counter: int, rand: int) -> int:
-    rand &= (1 << 62) - 1
-    return (ms & ((1 << 48) - 1)) << 80 | 0x7 << 76 | counter << 64 | 0b10 << 62 | rand

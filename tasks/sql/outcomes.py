@@ -81,7 +81,7 @@ RUNNING_RUNS_OF_WORKER = ("SELECT id FROM task_runs "
 def _params(run_ids: Sequence[Any], worker_ids: Sequence[str | None] | None, values: Sequence[Any]) -> dict:
     return {
         "run_ids": BinaryArray(run_ids),
-        "worker_ids": BinaryArray(worker_ids) if worker_ids is not None else BinaryArray([None] * len(run_ids)),
+        "worker_ids": BinaryArray(worker_ids if worker_ids is not None else [None] * len(run_ids)),
         "values": BinaryArray(values),
     }
 
