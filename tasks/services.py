@@ -225,20 +225,37 @@ def _insert_rows(specs: list[TaskSpec]) -> list[Task | None]:
         return []
     uuids = uuid7_many(len(specs))
     ids = [str(task_id) for task_id in uuids]
-    rows = [
-        {"id": task_id, "task_name": s.task_name, "queue": s.queue, "priority": s.priority,
-         "max_retries": s.max_retries, "timeout_seconds": s.timeout_seconds, "idempotency_key": s.idempotency_key,
-         "input": s.input, "metadata": s.metadata, "run_at": s.run_at.isoformat() if s.run_at else None}
-        for task_id, s in zip(ids, specs, strict=True)
-    ]
     with connection.cursor() as cursor:
-        cursor.execute(producer.INSERT_TASKS, {"tasks": json.dumps(rows, ensure_ascii=False, separators=(",", ":"))})
+        cursor.execute(producer.INSERT_TASKS, {"tasks": _rows_json(ids, specs)})
         inserted, now, _notified = cursor.fetchone()
     new_ids = set(inserted.split(",")) if inserted else set()
     return [
         _new_task(task_uuid, s, s.run_at or now, now, {}) if task_id in new_ids else None
         for task_uuid, task_id, s in zip(uuids, ids, specs, strict=True)
     ]
+
+
+def _rows_json(ids: list[str], specs: list[TaskSpec]) -> str:
+    """The batch as INSERT_TASKS's JSON array, put together from the JSON text that validation
+    already made of each input and metadata, instead of encoding them all a second time.
+    Names, queues and keys repeat across a batch: each distinct one is encoded once."""
+    quoted: dict[str, str] = {}
+
+    def q(text: str | None) -> str:
+        if text is None:
+            return "null"
+        encoded = quoted.get(text)
+        if encoded is None:
+            encoded = quoted[text] = json.dumps(text, ensure_ascii=False)
+        return encoded
+
+    return "[" + ",".join(
+        f'{{"id":"{task_id}","task_name":{q(s.task_name)},"queue":{q(s.queue)},"priority":{int(s.priority)},'
+        f'"max_retries":{int(s.max_retries)},"timeout_seconds":{int(s.timeout_seconds)},'
+        f'"idempotency_key":{q(s.idempotency_key)},"input":{s.input_text() or "null"},'
+        f'"metadata":{s.metadata_text()},"run_at":{q(s.run_at.isoformat() if s.run_at else None)}}}'
+        for task_id, s in zip(ids, specs, strict=True)
+    ) + "]"
 
 
 def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, created_at: Any, links: Mapping[str, Any]) -> Task:

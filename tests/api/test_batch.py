@@ -150,6 +150,33 @@ def test_one_insert_statement_per_batch():
 
 
 @pytest.mark.django_db
+def test_every_field_reaches_its_row_as_sent():
+    """The batch's JSON is put together from pieces: text that JSON must escape, inputs and
+    metadata of every JSON type, and due times with offsets arrive in the rows unchanged."""
+    awkward = 'quote " backslash \\ tab \t newline \n é 漢 \u2028 😀'
+    items = [
+        {"task_name": awkward, "queue": "q.1:a-b_c", "input": {"s": awkward, "n": [1, -2.5, 1e-7, True, None]},
+         "metadata": {"k": awkward}, "idempotency_key": awkward, "priority": -(2**31), "max_retries": 0,
+         "timeout_seconds": 86400, "run_at": "2030-01-01T02:00:00.123456+02:00"},
+        {"task_name": "t", "queue": "q", "input": None},
+        {"task_name": "t", "queue": "q", "input": "text"},
+        {"task_name": "t", "queue": "q", "input": [[], {}, 0]},
+        {"task_name": "t", "queue": "q", "input": 2**70, "priority": 2**31 - 1},
+    ]
+    specs = [parse_task_spec(item) for item in items]
+    results = services.task_create_many(specs=specs)
+    assert [created for _, created in results] == [True] * len(items)
+    for (task, _), item, spec in zip(results, items, specs, strict=True):
+        row = Task.objects.get(id=task.id)
+        for name in ("task_name", "queue", "input", "idempotency_key", "priority", "max_retries", "timeout_seconds"):
+            assert getattr(row, name) == getattr(spec, name), name
+        assert row.metadata == spec.metadata == item.get("metadata", {})
+        assert row.input == item["input"]
+        assert row.run_at == (spec.run_at or row.created_at) == task.run_at
+    assert Task.objects.get(id=results[0][0].id).run_at.isoformat() == "2030-01-01T00:00:00.123456+00:00"
+
+
+@pytest.mark.django_db
 def test_enqueue_many_in_process_validates_everything_first():
     with pytest.raises(ValidationError) as err:
         valka.enqueue_many([{"task_name": "ok"}, {"task_name": "t", "queue": "bad queue!"}])
