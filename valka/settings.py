@@ -114,7 +114,7 @@ REST_FRAMEWORK = {
         "rest_framework.authentication.SessionAuthentication",
     ],
     "DEFAULT_PERMISSION_CLASSES": ["tasks.api.auth.ApiAccess"],
-    "DEFAULT_RENDERER_CLASSES": ["rest_framework.renderers.JSONRenderer"],
+    "DEFAULT_RENDERER_CLASSES": ["tasks.api.renderers.ValkaJSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["tasks.api.parsers.ValkaJSONParser"],
     "EXCEPTION_HANDLER": "tasks.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
