@@ -16,6 +16,7 @@ import argparse
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -345,13 +346,23 @@ class Chaos:
 
 
 def run_chaos(tasks: int, workers: int, seconds: float, seed: int) -> Report:
+    """Run the chaos; its folder (logs and the cluster) is removed after a clean run and kept,
+    with its path printed, after problems or an error."""
     folder = Path(tempfile.mkdtemp(prefix="valka-chaos-"))
     chaos = Chaos(tasks, workers, seconds, seed, folder)
+    clean = False
     try:
-        return chaos.run()
+        report = chaos.run()
+        clean = not report.problems
+        return report
     finally:
         chaos.stop()
-        chaos.report.problems and print(f"chaos: logs kept in {folder}")
+        if clean:
+            shutil.rmtree(folder, ignore_errors=True)
+            if chaos.cluster.socket_dir.parent != folder / "pg":
+                shutil.rmtree(chaos.cluster.socket_dir, ignore_errors=True)
+        else:
+            print(f"chaos: logs kept in {folder}")
 
 
 def main(argv: list[str] | None = None) -> int:
