@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -53,8 +52,7 @@ def cluster(durable: bool = True) -> Iterator[devdb.Cluster]:
         try:
             pg.stop("immediate")
         finally:
-            shutil.rmtree(folder, ignore_errors=True)
-            shutil.rmtree(pg.socket_dir, ignore_errors=True)
+            pg.remove_files()
 
 
 def create_database(admin_url: str, name: str) -> str:

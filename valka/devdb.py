@@ -185,6 +185,11 @@ class Cluster:
         if self.running():
             self._run("pg_ctl", "stop", "-w", "-m", mode, "-D", str(self.data))
 
+    def remove_files(self) -> None:
+        """Delete a stopped throwaway cluster: its folder, and its socket folder wherever it is."""
+        shutil.rmtree(self.directory, ignore_errors=True)
+        shutil.rmtree(self.socket_dir, ignore_errors=True)
+
     def _create_database(self) -> None:
         import psycopg
 
@@ -213,10 +218,8 @@ def exec_with_database(cmd: list[str], temp: bool, directory: str, port: int) ->
     """Run `cmd` with DATABASE_URL pointing at a cluster (unless one is already given)."""
     if os.environ.get("DATABASE_URL"):
         return subprocess.call(cmd)
-    tmp = None
     if temp:
-        tmp = Path(tempfile.mkdtemp(prefix="valka-test-pg-"))
-        cluster = Cluster(tmp, free_port(), durable=False)
+        cluster = Cluster(Path(tempfile.mkdtemp(prefix="valka-test-pg-")), free_port(), durable=False)
     else:
         cluster = Cluster(Path(directory), port)
     try:
@@ -224,13 +227,11 @@ def exec_with_database(cmd: list[str], temp: bool, directory: str, port: int) ->
         env = dict(os.environ, DATABASE_URL=cluster.url, VALKA_DEVDB_DIR=str(cluster.directory))
         return subprocess.call(cmd, env=env)
     finally:
-        if tmp is not None:
+        if temp:
             try:
                 cluster.stop("immediate")
             finally:
-                shutil.rmtree(tmp, ignore_errors=True)
-                if cluster.socket_dir != tmp / "run":
-                    shutil.rmtree(cluster.socket_dir, ignore_errors=True)
+                cluster.remove_files()
 
 
 def main(argv: list[str] | None = None) -> int:

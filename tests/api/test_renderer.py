@@ -43,6 +43,15 @@ def test_indented_output_and_nothing_are_drfs():
     assert ValkaJSONRenderer().render(None) == b""
 
 
+def test_drf_settings_other_than_the_defaults_are_drfs():
+    data = {"text": "é 漢", "list": [1, 2.5]}
+    for name, value in (("ensure_ascii", True), ("compact", False)):
+        ours, drfs = ValkaJSONRenderer(), JSONRenderer()
+        setattr(ours, name, value)
+        setattr(drfs, name, value)
+        assert ours.render(data) == drfs.render(data), name
+
+
 def test_what_json_cannot_hold_is_refused_as_drf_refuses_it():
     for data in ({"s": "\ud800"}, {"o": object()}):
         with pytest.raises((TypeError, UnicodeEncodeError)):

@@ -358,9 +358,8 @@ def run_chaos(tasks: int, workers: int, seconds: float, seed: int) -> Report:
     finally:
         chaos.stop()
         if clean:
+            chaos.cluster.remove_files()
             shutil.rmtree(folder, ignore_errors=True)
-            if chaos.cluster.socket_dir.parent != folder / "pg":
-                shutil.rmtree(chaos.cluster.socket_dir, ignore_errors=True)
         else:
             print(f"chaos: logs kept in {folder}")
 
