@@ -67,10 +67,16 @@ async def events(request: HttpRequest) -> Any:
     queue_filter = request.GET.get("queue") or request.GET.get("queue_name")
     fanout = process_fanout()
     inbox = fanout.subscribe(TASK_EVENT)
+    try:
+        # The response, whose headers a client takes as "connected", starts only once events flow:
+        # a change made after that is never missed.
+        await fanout.ready()
+    except BaseException:
+        fanout.unsubscribe(TASK_EVENT, inbox)
+        raise
 
     async def body() -> AsyncIterator[str]:
         try:
-            await fanout.ready()
             yield ": connected\n\n"
             while True:
                 try:

@@ -81,6 +81,21 @@ def test_sse_events_follow_a_task_through_its_life(stack):
     wait_status(other.id, "COMPLETED")
 
 
+def test_sse_events_start_with_the_response(stack):
+    """A client that counts itself connected once the response starts (as a browser's EventSource
+    does) misses nothing changed after that, on a web process that has not listened before."""
+    web = stack.web()
+    sink: queue.Queue = queue.Queue()
+    stop = threading.Event()
+    threading.Thread(target=_sse_reader, args=(f"{web}/api/v1/events?queue=early", sink, stop),
+                     daemon=True).start()
+    assert _collect(sink, lambda got: got)[0] == ("status", 200)
+    task = services.task_enqueue(task_name="t", queue="early")
+    got = _collect(sink, lambda got: any(e == "task" for e, _ in got))
+    stop.set()
+    assert [d["task_id"] for e, d in got if e == "task"] == [str(task.id)]
+
+
 def test_sse_requires_access(stack):
     web = stack.web(VALKA_API_ANONYMOUS="false")
     r = httpx.get(f"{web}/api/v1/events", timeout=10)
