@@ -53,11 +53,14 @@ def test_async_client_and_a_worker_that_runs_it(stack):
 
 
 def test_sigterm_drains_running_handlers_then_exits(stack):
-    _, addr = stack.dispatcher()
+    dispatcher, addr = stack.dispatcher()
     worker = stack.worker(addr, name="drainer", VALKA_TEST_DRAIN="20")
     task = services.task_enqueue(task_name="sleep", queue="default", input={"seconds": 2})
     wait_status(task.id, "RUNNING")
     worker.send_signal(signal.SIGTERM)
+    # Until the worker's shutdown message reaches the dispatcher, a task may still be assigned
+    # to it, and the worker runs what it was assigned; from then on it gets nothing new.
+    wait_for(lambda: "is draining" in dispatcher.log_path.read_text(), what="the dispatcher sees the drain")
     later = services.task_enqueue(task_name="echo", queue="default")
     # The running task finishes; the draining worker takes no new work; then it exits cleanly.
     assert wait_status(task.id, "COMPLETED").attempt_count == 1
