@@ -42,8 +42,8 @@ def signal_send(*, task_id: Any, signal_type: str, payload: Any = None,
     """Store a signal in PENDING and wake the dispatchers; returns (signal, delivered).
 
     Refused (INVALID_STATE) when the task is finished, NOT_FOUND when it does not
-    exist; nothing is stored then. When the task is running, waits up to `wait`
-    seconds (VALKA_SIGNAL_DELIVERY_WAIT by default) for the dispatcher to deliver it.
+    exist; nothing is stored then. When the task is running or being handed to a worker, waits
+    up to `wait` seconds (VALKA_SIGNAL_DELIVERY_WAIT by default) for the dispatcher to deliver it.
     """
     signal_type, payload = parse_signal_request({"signal_type": signal_type, "payload": payload})
     task_uuid = selectors.parse_id(task_id, what="task")
@@ -65,7 +65,9 @@ def signal_send(*, task_id: Any, signal_type: str, payload: Any = None,
 def _wait_delivered(signal: Signal, delay: float) -> Signal:
     from tasks.models import Task
 
-    if not Task.objects.filter(id=signal.task_id, status="RUNNING").exists():
+    # A DISPATCHING task is being handed to a worker: the dispatcher delivers its signals as soon
+    # as the start is written, milliseconds later, so that is worth waiting for too.
+    if not Task.objects.filter(id=signal.task_id, status__in=("DISPATCHING", "RUNNING")).exists():
         return signal  # delivered after the next assignment, not now
     deadline = time.monotonic() + delay
     step = 0.005

@@ -1,7 +1,12 @@
+import threading
+import time
 import uuid
 
 import pytest
+from django.db import connection
+from django.utils import timezone
 
+from signals import services
 from signals.models import Signal
 from tests.api.test_tasks_api import assert_error
 from tests.factories import SignalFactory, TaskFactory
@@ -19,6 +24,30 @@ def test_signal_is_stored_pending_for_unfinished_tasks(client_api, status, setti
     body = r.json()
     assert body["status"] == "PENDING" and body["delivered"] is False and body["task_id"] == str(task.id)
     assert Signal.objects.get(id=body["id"]).payload == {"a": [1]}
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.parametrize("status", ["DISPATCHING", "RUNNING"])
+def test_a_signal_to_a_task_running_or_being_handed_over_waits_for_its_delivery(status):
+    """A DISPATCHING task's worker has (or is about to have) its assignment; the dispatcher
+    delivers the signal once the start is written. Another connection plays that part here."""
+    task = TaskFactory(status=status)
+
+    def dispatcher():
+        try:
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:
+                if Signal.objects.filter(task_id=task.id).update(status="DELIVERED", delivered_at=timezone.now()):
+                    return
+                time.sleep(0.01)
+        finally:
+            connection.close()
+
+    thread = threading.Thread(target=dispatcher)
+    thread.start()
+    signal, delivered = services.signal_send(task_id=task.id, signal_type="ping", wait=5.0)
+    thread.join()
+    assert delivered and signal.status == "DELIVERED" and signal.delivered_at is not None
 
 
 @pytest.mark.parametrize("status", ["COMPLETED", "FAILED", "DEAD_LETTER", "CANCELLED"])
