@@ -1,7 +1,5 @@
 """The benchmark harness works (tiny sizes, no timing asserted): `make bench` itself is not part of the suite."""
 
-import time
-
 import pytest
 
 from bench import drain, measure, report
@@ -17,7 +15,6 @@ def quiet(monkeypatch):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(60)
 def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
-    started = time.monotonic()
     stack = BenchStack(database_url(), tmp_path)
     try:
         _, addr = stack.dispatcher()
@@ -28,7 +25,6 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         assert waited["samples"] == 5 and 0 < waited["p50_ms"] <= waited["p99_ms"] < 5000
     finally:
         stack.stop_all()
-    assert time.monotonic() - started < 20
 
 
 def test_percentiles_and_the_table():

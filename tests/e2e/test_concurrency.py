@@ -7,7 +7,7 @@ import signal
 from django.db import connection
 
 from tasks import services
-from tasks.models import Task, TaskRun
+from tasks.models import Task, TaskRun, Worker
 from tests.e2e.conftest import wait_for
 from tests.e2e.test_dispatch import wait_status
 
@@ -41,6 +41,8 @@ def test_two_dispatchers_many_workers_every_task_once(stack):
     for i in range(2):
         stack.worker(addr_a, name=f"a{i}", concurrency=8)
         stack.worker(addr_b, name=f"b{i}", concurrency=8)
+    # Every worker connected before the burst: the first ones could drain it alone otherwise.
+    wait_for(lambda: Worker.objects.filter(status="CONNECTED").count() == 4, what="4 workers connected")
     _enqueue_many(N, "default")
     wait_for(lambda: Task.objects.filter(status="COMPLETED").count() == N, timeout=120,
              what=f"{N} tasks completed")
@@ -80,9 +82,11 @@ def test_heartbeats_keep_a_long_task_alive_past_its_timeout(stack):
         import pytest
 
         pytest.skip("the lease reaper (scheduler) is not available yet")
-    _, addr = stack.dispatcher(VALKA_LEASE_EXTENSION="2")
+    # The first heartbeat of the run may come half a second after its start (the timer runs from
+    # the connection); the lease leaves it three times that to arrive and be written.
+    _, addr = stack.dispatcher(VALKA_LEASE_EXTENSION="4")
     stack.scheduler(VALKA_REAPER_INTERVAL="0.3", VALKA_SCHEDULER_MAX_SLEEP="0.3")
     stack.worker(addr, heartbeat=0.5)
-    task = services.task_enqueue(task_name="sleep", queue="default", input={"seconds": 4}, timeout_seconds=1)
+    task = services.task_enqueue(task_name="sleep", queue="default", input={"seconds": 6}, timeout_seconds=2)
     t = wait_status(task.id, "COMPLETED", timeout=30)
     assert t.attempt_count == 1 and TaskRun.objects.filter(task_id=task.id).count() == 1

@@ -126,7 +126,8 @@ def test_killed_worker_tasks_are_released_at_once(stack, tmp_path):
     (no waiting for the lease); with the scheduler running, another worker completes it."""
     _, addr = stack.dispatcher(VALKA_RETRY_BASE_DELAY="0.2")
     victim = stack.worker(addr, name="victim", concurrency=1)
-    task = services.task_enqueue(task_name="sleep", queue="default", input={"seconds": 2, "mark": str(tmp_path)})
+    # Long enough that the kill lands mid-task however slowly this test gets to send it.
+    task = services.task_enqueue(task_name="sleep", queue="default", input={"seconds": 5, "mark": str(tmp_path)})
     wait_for(lambda: list(tmp_path.glob(f"{task.id}.started.1.{victim.pid}")), what="the victim runs it")
     victim.send_signal(signal.SIGKILL)
     # The handler may start before the dispatcher has written the run: wait for the row, then for it to be lost.
@@ -138,7 +139,7 @@ def test_killed_worker_tasks_are_released_at_once(stack, tmp_path):
         pytest.skip("the retry engine (scheduler) is not available yet")
     stack.scheduler(VALKA_SCHEDULER_MAX_SLEEP="0.2")
     stack.worker(addr, name="rescuer", concurrency=1)
-    t = wait_status(task.id, "COMPLETED", timeout=30)
+    t = wait_status(task.id, "COMPLETED", timeout=45)
     assert t.attempt_count == 2 and t.output["attempt"] == 2
     assert not Task.objects.filter(status__in=["RUNNING", "DISPATCHING"]).exists()
 

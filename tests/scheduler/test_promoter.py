@@ -57,14 +57,14 @@ def test_first_pass_looks_back_for_what_a_previous_leader_missed(listen):
 
 
 def test_next_delay_follows_the_next_scheduled_task():
-    promoter = DelayedPromoter(make_config(max_sleep=1.0))
+    promoter = DelayedPromoter(make_config(max_sleep=10.0))
 
     async def delay() -> float:
         async with await connect() as conn:
             return await promoter.next_delay(conn)
 
-    assert run_async(delay) == 1.0
+    assert run_async(delay) == 10.0
     TaskFactory(run_at=db_now() + timedelta(hours=1))
-    assert run_async(delay) == 1.0
-    TaskFactory(run_at=db_now() + timedelta(seconds=0.6))
-    assert 0.3 < run_async(delay) <= 0.62
+    assert run_async(delay) == 10.0
+    TaskFactory(run_at=db_now() + timedelta(seconds=5))
+    assert 2 < run_async(delay) <= 5.02  # however slow this machine is

@@ -3,7 +3,6 @@ not an API key, whether things go well or not."""
 
 from __future__ import annotations
 
-import time
 from urllib.parse import urlsplit, urlunsplit
 
 import grpc
@@ -54,8 +53,8 @@ def test_dispatcher_worker_and_web_logs_hold_no_secret(stack):
     stack.worker(addr, name="right-token", VALKA_TEST_TOKEN=WORKER_TOKEN)
     task = services.task_enqueue(task_name="echo", queue="default")
     wait_status(task.id, "COMPLETED")
-    time.sleep(1)
-    assert wrong.poll() is not None or "UNAUTHENTICATED" in wrong.log_path.read_text()  # type: ignore[attr-defined]
+    wait_for(lambda: wrong.poll() is not None or "UNAUTHENTICATED" in wrong.log_path.read_text(),  # type: ignore
+             what="the wrong-token worker refused")
     logs = "\n".join(p.log_path.read_text() for p in stack.procs)  # type: ignore[attr-defined]
     assert f"listening on {addr}" in dispatcher.log_path.read_text()  # type: ignore[attr-defined]
     assert_no_secret(logs)
