@@ -80,6 +80,11 @@ def test_the_scheduler_rides_out_losing_all_its_connections(caplog):
                 [f"valka-scheduler {os.getpid()}%"])
             assert (await cur.fetchone())[0] >= 2  # the lock connection and at least one of the pool
             await wait_status(conn, task.id, "PENDING", 20)
+        # The task may have moved before the connections were cut (a slow first election); the
+        # second term must come either way.
+        deadline = time.monotonic() + 20
+        while s.terms < 2 and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
         stop.set()
         await asyncio.wait_for(running, 10)
 
