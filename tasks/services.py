@@ -9,19 +9,18 @@ never by deciding from a read made before the write.
 from __future__ import annotations
 
 import json
-import time
 import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-import psycopg
-from django.db import DEFAULT_DB_ALIAS, connection, connections, transaction
+from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 
 from tasks import selectors
 from tasks.errors import InvalidState, ValidationError, ValkaError
 from tasks.models import DeadLetter, Task
+from tasks.prepared import fetchone_prepared
 from tasks.specs import TaskSpec, parse_task_spec
 from tasks.sql import lifecycle, producer
 from tasks.states import FINAL_STATES, TaskStatus, sources_of
@@ -45,7 +44,7 @@ def _insert(spec: TaskSpec, **links: Any) -> tuple[Task, bool]:
         "replayed_from_dead_letter_id": links.get("replayed_from_dead_letter_id"),
     }
     for _ in range(3):
-        row = _fetchone_prepared(producer.INSERT_TASK, params)
+        row = fetchone_prepared(producer.INSERT_TASK, params)
         if row is not None:
             return _new_task(params["id"], spec, row[0], row[1], links), True
         # The key is taken: ON CONFLICT waited for its holder to commit, so it is visible now.
@@ -54,26 +53,6 @@ def _insert(spec: TaskSpec, **links: Any) -> tuple[Task, bool]:
             return existing[0], False
         # The holder was deleted in between: try again.
     raise InvalidState("the idempotency key is being reused concurrently; retry the request")
-
-
-def _fetchone_prepared(sql: str, params: Mapping[str, Any]) -> tuple[Any, ...] | None:
-    """Run a hot statement on Django's connection as a prepared statement, and fetch one row.
-
-    Django's cursors bind parameters client side and PostgreSQL parses and plans each
-    statement again; a single insert spends about a fifth of its time there. The statement
-    runs in the caller's transaction like any other, with Django's error wrapping, and is
-    recorded in `connection.queries` when queries are logged.
-    """
-    db = connections[DEFAULT_DB_ALIAS]  # one look-up: each `connection.x` goes through a proxy
-    db.ensure_connection()
-    db.validate_no_broken_transaction()
-    start = time.monotonic()
-    with db.wrap_database_errors, psycopg.Cursor(db.connection) as cursor:
-        cursor.execute(sql, params, prepare=True)
-        row = cursor.fetchone()
-    if db.queries_logged:
-        db.queries_log.append({"sql": sql, "time": f"{time.monotonic() - start:.3f}"})
-    return row
 
 
 def task_enqueue(

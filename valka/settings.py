@@ -75,6 +75,13 @@ if env.bool("VALKA_DB_POOL", default=True):
         "max_size": env.int("VALKA_DB_POOL_MAX", default=10),
         "timeout": env.float("VALKA_DB_POOL_TIMEOUT", default=10.0),
     }
+# The producer's hot statements (one task's INSERT, the API key look-up) are prepared once per
+# connection (tasks.prepared); the ORM's queries stay unprepared, as Django leaves them. Turn it
+# off behind a pooler that cannot keep prepared statements (PgBouncer in transaction mode before
+# 1.21, or without max_prepared_statements).
+if env.bool("VALKA_DB_PREPARED_STATEMENTS", default=True):
+    # A threshold no statement reaches by repetition: prepared only when asked with prepare=True.
+    DATABASES["default"]["OPTIONS"].setdefault("prepare_threshold", 2**31 - 1)
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 
 AUTH_PASSWORD_VALIDATORS = [

@@ -10,12 +10,13 @@ import hashlib
 import secrets
 from typing import Any
 
-from django.db import connection
+from django.db import DEFAULT_DB_ALIAS
 from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
 from tasks.models import ApiKey
+from tasks.prepared import fetchone_prepared
 from valka.conf import valka_settings
 
 KEY_PREFIX = "vk_"
@@ -34,17 +35,15 @@ def api_key_create(*, name: str) -> tuple[ApiKey, str]:
 
 _KEY_FIELDS = [f.attname for f in ApiKey._meta.concrete_fields]
 # Every API call runs this look-up: written in SQL, as building it with the ORM costs more
-# than running it.
+# than running it, and prepared once per connection.
 _LIVE_KEY = (f"SELECT {', '.join(_KEY_FIELDS)} FROM {ApiKey._meta.db_table} "
              "WHERE key_hash = %s AND NOT revoked")
 
 
 def api_key_live(key: str) -> ApiKey | None:
     """The unrevoked ApiKey whose hash is that of `key`, or None (one unique-index look-up)."""
-    with connection.cursor() as cursor:
-        cursor.execute(_LIVE_KEY, [hash_key(key)])
-        row = cursor.fetchone()
-    return None if row is None else ApiKey.from_db(connection.alias, _KEY_FIELDS, row)
+    row = fetchone_prepared(_LIVE_KEY, [hash_key(key)])
+    return None if row is None else ApiKey.from_db(DEFAULT_DB_ALIAS, _KEY_FIELDS, row)
 
 
 def api_key_valid(authorization: str) -> bool:
