@@ -73,8 +73,11 @@ class Fanout:
         self._listener_stop.set()
         await asyncio.gather(*self._listeners, return_exceptions=True)
 
-    async def ready(self, timeout: float = 5.0) -> None:
-        """Wait (bounded) until notifications flow, so a new subscriber misses nothing after this."""
+    async def ready(self, timeout: float = 15.0) -> None:
+        """Wait (bounded) until notifications flow, so a new subscriber misses nothing after this.
+
+        Bounded so that a stream still starts while the database is out of reach; generously,
+        as a busy machine can take seconds to open the LISTEN connection."""
         if self.listening is not None:
             try:
                 await asyncio.wait_for(self.listening.wait(), timeout)

@@ -209,7 +209,7 @@ def test_one_notify_per_ready_queue_and_only_on_commit():
         with transaction.atomic():
             valka.enqueue_many(items)
             assert list(listener.notifies(timeout=0.3, stop_after=1)) == [], "nothing before commit"
-        got = sorted(n.payload for n in listener.notifies(timeout=1.0, stop_after=2))
+        got = sorted(n.payload for n in listener.notifies(timeout=10.0, stop_after=2))
         assert got == ["a", "b"]
         assert list(listener.notifies(timeout=0.3, stop_after=1)) == []
         assert Task.objects.count() == 6

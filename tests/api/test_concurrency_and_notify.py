@@ -51,7 +51,7 @@ def _listen(channel):
     return conn
 
 
-def _drain(conn, timeout=2.0):
+def _drain(conn, timeout=10.0):
     return [(n.channel, n.payload) for n in conn.notifies(timeout=timeout, stop_after=1)]
 
 

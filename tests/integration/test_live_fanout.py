@@ -21,7 +21,7 @@ async def _watchers(conn: psycopg.AsyncConnection) -> list[int]:
     return [row[0] for row in await cur.fetchall()]
 
 
-async def _eventually(predicate, timeout: float = 5.0) -> None:
+async def _eventually(predicate, timeout: float = 30.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout
     while not await predicate():
         assert asyncio.get_running_loop().time() < deadline
@@ -32,7 +32,7 @@ async def _scenario() -> None:
     fanout = Fanout(database_url(), linger=0.2)
     async with await psycopg.AsyncConnection.connect(database_url(), autocommit=True) as conn:
         inbox = fanout.subscribe(TASK_EVENT)
-        await fanout.ready()
+        await fanout.ready(30)
         assert len(await _watchers(conn)) == 1  # registered before it reported itself ready
 
         await conn.execute(INSERT)
@@ -60,7 +60,7 @@ async def _scenario() -> None:
         await _eventually(released)  # the last one left: the watcher removed itself
 
         again = fanout.subscribe(TASK_EVENT)  # a new subscriber opens a new watcher
-        await fanout.ready()
+        await fanout.ready(30)
         assert len(await _watchers(conn)) == 1 and await _watchers(conn) != watching
         await conn.execute(INSERT)
         assert json.loads(await asyncio.wait_for(again.get(), 5))[0]["new_status"] == "PENDING"

@@ -69,7 +69,7 @@ class Listener:
         self.conn = psycopg.connect(database_url(), autocommit=True)
         self.conn.execute(f"LISTEN {channel}")
 
-    def drain(self, expect: int, timeout: float = 2.0) -> list[str]:
+    def drain(self, expect: int, timeout: float = 10.0) -> list[str]:
         """The payloads received: `expect` of them (waiting up to `timeout`), plus any
         that arrive within a short grace period after, so extra ones are seen too."""
         got = [n.payload for n in self.conn.notifies(timeout=timeout, stop_after=expect)] if expect else []

@@ -39,13 +39,13 @@ def test_the_reaper_recovers_a_task_whose_worker_and_dispatcher_died(stack, tmp_
     assert run.status == "RUNNING"
 
     stack.scheduler(VALKA_REAPER_INTERVAL="0.5", VALKA_RETRY_BASE_DELAY="0.2", VALKA_SCHEDULER_MAX_SLEEP="0.2")
-    wait_for(lambda: TaskRun.objects.get(id=run.id).status == "LOST", 20, what="the expired run reaped")
+    wait_for(lambda: TaskRun.objects.get(id=run.id).status == "LOST", what="the expired run reaped")
     assert TaskRun.objects.get(id=run.id).error_message == "lease expired"
-    wait_for(lambda: Task.objects.get(id=task.id).status == "PENDING", 10, what="the retry due")
+    wait_for(lambda: Task.objects.get(id=task.id).status == "PENDING", what="the retry due")
 
     _, addr = stack.dispatcher()
     stack.worker(addr, name="rescuer", concurrency=1, heartbeat=0.5)
-    wait_for(lambda: list(tmp_path.glob(f"{task.id}.started.2.*")), 20, what="attempt 2 running elsewhere")
+    wait_for(lambda: list(tmp_path.glob(f"{task.id}.started.2.*")), what="attempt 2 running elsewhere")
     # The dispatcher records the start in its next flush, just after the worker has begun.
-    wait_for(lambda: Task.objects.get(id=task.id).attempt_count == 2, 10, what="attempt 2 recorded")
+    wait_for(lambda: Task.objects.get(id=task.id).attempt_count == 2, what="attempt 2 recorded")
     assert Task.objects.get(id=task.id).status == "RUNNING"
