@@ -13,6 +13,7 @@ from signals.sql import INSERT_SIGNAL
 from tasks import selectors
 from tasks.errors import InvalidState, NotFound, ValidationError
 from tasks.specs import check_json, check_text
+from tasks.states import TaskStatus
 from valka.conf import valka_settings
 from valka.ids import uuid7
 
@@ -67,7 +68,7 @@ def _wait_delivered(signal: Signal, delay: float) -> Signal:
 
     # A DISPATCHING task is being handed to a worker: the dispatcher delivers its signals as soon
     # as the start is written, milliseconds later, so that is worth waiting for too.
-    if not Task.objects.filter(id=signal.task_id, status__in=("DISPATCHING", "RUNNING")).exists():
+    if not Task.objects.filter(id=signal.task_id, status__in=(TaskStatus.DISPATCHING, TaskStatus.RUNNING)).exists():
         return signal  # delivered after the next assignment, not now
     deadline = time.monotonic() + delay
     step = 0.005

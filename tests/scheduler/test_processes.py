@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from tasks.models import Task
+from tests.e2e.conftest import wait_for
 from tests.factories import TaskFactory
 from tests.helpers import database_url
 from tests.scheduler.conftest import db_now
@@ -49,13 +50,6 @@ class SchedulerProcess:
             assert self.proc.poll() is None, f"scheduler exited early:\n{self.log()}"
             time.sleep(0.05)
         raise AssertionError(f"{text!r} not logged within {seconds}s:\n{self.log()}")
-
-    def wait_moved(self, n: int, seconds: float = 10.0) -> None:
-        """Wait until the log counts `n` tasks moved (a line is written just after its commit)."""
-        deadline = time.monotonic() + seconds
-        while self.moved() < n:
-            assert time.monotonic() < deadline, f"{n} moves not logged within {seconds}s:\n{self.log()}"
-            time.sleep(0.05)
 
     def kill(self) -> None:
         if self.proc.poll() is None:
@@ -96,7 +90,7 @@ def test_only_the_leader_acts_and_a_standby_takes_over_after_sigkill(schedulers)
 
     first = retries(10)
     wait_all_pending(first)
-    a.wait_moved(10)
+    wait_for(lambda: a.moved() >= 10, 10, what="a's moves logged")  # logged just after the commit
     time.sleep(0.5)  # give a wrongly acting standby the chance to show itself
     assert (a.moved(), b.moved()) == (10, 0)
     assert "loops running" not in b.log()
@@ -109,7 +103,7 @@ def test_only_the_leader_acts_and_a_standby_takes_over_after_sigkill(schedulers)
 
     second = retries(10)
     wait_all_pending(second)
-    b.wait_moved(10)
+    wait_for(lambda: b.moved() >= 10, 10, what="b's moves logged")
     time.sleep(0.5)
     assert (a.moved(), b.moved()) == (10, 10), "every task moved once, by exactly one scheduler"
     assert Task.objects.filter(id__in=first + second, status="PENDING", attempt_count=1).count() == 20
