@@ -208,8 +208,9 @@ def _insert_rows(specs: list[TaskSpec]) -> list[Task | None]:
         cursor.execute(producer.INSERT_TASKS, {"tasks": _rows_json(ids, specs)})
         inserted, now, _notified = cursor.fetchone()
     new_ids = set(inserted.split(",")) if inserted else set()
+    heard = _init_heard()  # once for the batch
     return [
-        _new_task(task_uuid, s, s.run_at or now, now, {}) if task_id in new_ids else None
+        _new_task(task_uuid, s, s.run_at or now, now, {}, init_heard=heard) if task_id in new_ids else None
         for task_uuid, task_id, s in zip(uuids, ids, specs, strict=True)
     ]
 
@@ -237,7 +238,13 @@ def _rows_json(ids: list[str], specs: list[TaskSpec]) -> str:
     ) + "]"
 
 
-def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, created_at: Any, links: Mapping[str, Any]) -> Task:
+def _init_heard() -> bool:
+    """Whether something listens for Task's init signals."""
+    return pre_init.has_listeners(Task) or post_init.has_listeners(Task)
+
+
+def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, created_at: Any, links: Mapping[str, Any],
+              init_heard: bool | None = None) -> Task:
     """The Task row just inserted for `spec`, from what was sent and the times the server set.
 
     Built as `Model.from_db` would build it, without `Model.__init__`'s per-field work (about
@@ -253,7 +260,7 @@ def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, created_at: Any, 
         "replayed_from_task_id": links.get("replayed_from_task_id"),
         "replayed_from_dead_letter_id": links.get("replayed_from_dead_letter_id"),
     }
-    if pre_init.has_listeners(Task) or post_init.has_listeners(Task):
+    if _init_heard() if init_heard is None else init_heard:
         return Task.from_db(DEFAULT_DB_ALIAS, _TASK_FIELDS, [values[name] for name in _TASK_FIELDS])
     task = Task.__new__(Task)
     task.__dict__.update(values)

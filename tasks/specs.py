@@ -14,6 +14,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
+import orjson
+
 from tasks.errors import PayloadTooLarge, ValidationError
 from valka.conf import valka_settings
 
@@ -26,9 +28,12 @@ TIMEOUT_RANGE = (1, 86400)
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # Deeper JSON is refused: PostgreSQL, psycopg and the JSON renderer all recurse per level.
 MAX_JSON_DEPTH = 100
+_JSON_SCALARS = frozenset({str, int, bool, type(None)})
 
 
-@dataclass(frozen=True)
+# Not frozen: a frozen dataclass sets each of its eleven fields through object.__setattr__,
+# about 4 µs of the 22 that validating one batched task took. Nothing changes a spec once made.
+@dataclass(slots=True)
 class TaskSpec:
     task_name: str
     queue: str
@@ -108,22 +113,19 @@ def _int(name: str, value: Any, default: int, lo: int, hi: int) -> int:
 def check_json(name: str, value: Any, limit: int) -> str:
     """Refuse a JSON value PostgreSQL cannot store, nested deeper than MAX_JSON_DEPTH, or over `limit` bytes.
 
-    Returns the value as JSON text."""
-    if isinstance(value, (dict, list)) and json_depth(value) > MAX_JSON_DEPTH:
-        raise ValidationError.field(name, f"is nested too deeply (more than {MAX_JSON_DEPTH} levels)")
-    try:
-        encoded = json.dumps(value, ensure_ascii=False, allow_nan=False)
-    except (ValueError, TypeError):
-        raise ValidationError.field(name, "must be valid JSON (no NaN or Infinity)") from None
-    except RecursionError:
-        raise ValidationError.field(name, "is nested too deeply") from None
-    if encoded.isascii():  # the common case: one byte per character, no surrogates to refuse
-        size = len(encoded)
+    The size is that of `json.dumps(value, ensure_ascii=False)` in UTF-8. Returns the value as JSON text."""
+    plain = _plain_json(value)
+    if plain is not None:
+        encoded, size = plain
     else:
-        try:
-            size = len(encoded.encode())
-        except UnicodeEncodeError:
-            raise ValidationError.field(name, "must be valid Unicode (no lone surrogates)") from None
+        encoded = _general_json(name, value)
+        if encoded.isascii():  # the common case: one byte per character, no surrogates to refuse
+            size = len(encoded)
+        else:
+            try:
+                size = len(encoded.encode())
+            except UnicodeEncodeError:
+                raise ValidationError.field(name, "must be valid Unicode (no lone surrogates)") from None
     if size > limit:
         raise PayloadTooLarge(
             f"{name}: larger than the limit of {limit} bytes", {name: [f"larger than {limit} bytes"]}
@@ -131,6 +133,58 @@ def check_json(name: str, value: Any, limit: int) -> str:
     if "\\u0000" in encoded and _ESCAPED_NUL.search(encoded):
         raise ValidationError.field(name, "must not contain NUL characters (PostgreSQL cannot store them)")
     return encoded
+
+
+def _plain_json(value: Any) -> tuple[str, int] | None:
+    """`value` as compact JSON text written by orjson, with the size `json.dumps` would give it, when
+    it holds only dicts, lists, strings, integers, booleans and None and nests at most MAX_JSON_DEPTH
+    levels; else None, for `_general_json`.
+
+    orjson writes a small input in a tenth of the time `json.dumps` takes; for these types it writes
+    the same text but for the space `json.dumps` puts after each ':' and ',' (counted here). Floats
+    go the general way (orjson writes some exponents differently, and a NaN as null), as do other
+    types, and what orjson refuses: integers beyond 64 bits, lone surrogates, keys not strings."""
+    depth, level, spaces = 0, [value], 0
+    while level:
+        below: list[Any] = []
+        containers = False
+        for item in level:
+            kind = type(item)
+            if kind is dict:
+                containers = True
+                if item:
+                    spaces += 2 * len(item) - 1  # after each ':' and each ','
+                    below.extend(item.values())
+            elif kind is list:
+                containers = True
+                if item:
+                    spaces += len(item) - 1
+                    below.extend(item)
+            elif kind not in _JSON_SCALARS:
+                return None
+        if not containers:
+            break
+        depth += 1
+        if depth > MAX_JSON_DEPTH:
+            return None
+        level = below
+    try:
+        raw = orjson.dumps(value)
+    except orjson.JSONEncodeError:
+        return None
+    return raw.decode(), len(raw) + spaces
+
+
+def _general_json(name: str, value: Any) -> str:
+    """Any other value, as `json.dumps` writes it, or the error that names what is wrong with it."""
+    if isinstance(value, (dict, list)) and json_depth(value) > MAX_JSON_DEPTH:
+        raise ValidationError.field(name, f"is nested too deeply (more than {MAX_JSON_DEPTH} levels)")
+    try:
+        return json.dumps(value, ensure_ascii=False, allow_nan=False)
+    except (ValueError, TypeError):
+        raise ValidationError.field(name, "must be valid JSON (no NaN or Infinity)") from None
+    except RecursionError:
+        raise ValidationError.field(name, "is nested too deeply") from None
 
 
 def parse_datetime(name: str, value: Any) -> datetime | None:

@@ -59,6 +59,9 @@ class TaskData:
         when = self.when
         task_id = str(task.id)
         run_at = when(task.run_at)
+        created_at = when(task.created_at)
+        # A new task's times are one object (and its start and finish None): no look-up for those.
+        updated_at = created_at if task.updated_at is task.created_at else when(task.updated_at)
         return {
             "id": task_id, "task_id": task_id, "task_name": task.task_name, "queue": task.queue,
             "queue_name": task.queue, "status": task.status, "priority": task.priority,
@@ -66,8 +69,9 @@ class TaskData:
             "timeout_seconds": task.timeout_seconds, "idempotency_key": task.idempotency_key,
             "input": task.input, "metadata": task.metadata, "output": task.output,
             "error_message": task.error_message, "run_at": run_at, "scheduled_at": run_at,
-            "created_at": when(task.created_at), "updated_at": when(task.updated_at),
-            "started_at": when(task.started_at), "finished_at": when(task.finished_at),
+            "created_at": created_at, "updated_at": updated_at,
+            "started_at": task.started_at and when(task.started_at),
+            "finished_at": task.finished_at and when(task.finished_at),
             "replayed_from_task_id": _uuid_text(task.replayed_from_task_id),
             "replayed_from_dead_letter_id": _uuid_text(task.replayed_from_dead_letter_id),
         }
