@@ -46,7 +46,7 @@ def _insert(spec: TaskSpec, **links: Any) -> tuple[Task, bool]:
     for _ in range(3):
         row = fetchone_prepared(producer.INSERT_TASK, params)
         if row is not None:
-            return _new_task(params["id"], spec, row[0], row[1], links), True
+            return _new_task(params["id"], spec, row[0], _task_base(row[1], links)), True
         # The key is taken: ON CONFLICT waited for its holder to commit, so it is visible now.
         existing = list(Task.objects.raw(producer.SELECT_BY_IDEMPOTENCY_KEY, params))
         if existing:
@@ -208,9 +208,9 @@ def _insert_rows(specs: list[TaskSpec]) -> list[Task | None]:
         cursor.execute(producer.INSERT_TASKS, {"tasks": _rows_json(ids, specs)})
         inserted, now, _notified = cursor.fetchone()
     new_ids = set(inserted.split(",")) if inserted else set()
-    heard = _init_heard()  # once for the batch
+    base, heard = _task_base(now, {}), _init_heard()  # once for the batch
     return [
-        _new_task(task_uuid, s, s.run_at or now, now, {}, init_heard=heard) if task_id in new_ids else None
+        _new_task(task_uuid, s, s.run_at or now, base, init_heard=heard) if task_id in new_ids else None
         for task_uuid, task_id, s in zip(uuids, ids, specs, strict=True)
     ]
 
@@ -243,7 +243,18 @@ def _init_heard() -> bool:
     return pre_init.has_listeners(Task) or post_init.has_listeners(Task)
 
 
-def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, created_at: Any, links: Mapping[str, Any],
+def _task_base(created_at: Any, links: Mapping[str, Any]) -> dict[str, Any]:
+    """The columns a new task takes from neither its spec nor its due time: the same for every task
+    of one INSERT, so a batch builds them once."""
+    return {
+        **_TASK_COLUMNS_NULL, "status": TaskStatus.PENDING.value, "attempt_count": 0,
+        "created_at": created_at, "updated_at": created_at,
+        "replayed_from_task_id": links.get("replayed_from_task_id"),
+        "replayed_from_dead_letter_id": links.get("replayed_from_dead_letter_id"),
+    }
+
+
+def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, base: dict[str, Any],
               init_heard: bool | None = None) -> Task:
     """The Task row just inserted for `spec`, from what was sent and the times the server set.
 
@@ -251,22 +262,24 @@ def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, created_at: Any, 
     20 µs for this model, more than validating the task), unless something listens for the
     model's init signals.
     """
-    values = {
-        **_TASK_COLUMNS_NULL,
-        "id": task_id, "task_name": spec.task_name, "queue": spec.queue, "status": TaskStatus.PENDING.value,
-        "priority": spec.priority, "max_retries": spec.max_retries, "attempt_count": 0,
-        "timeout_seconds": spec.timeout_seconds, "idempotency_key": spec.idempotency_key, "input": spec.input,
-        "metadata": spec.metadata, "run_at": run_at, "created_at": created_at, "updated_at": created_at,
-        "replayed_from_task_id": links.get("replayed_from_task_id"),
-        "replayed_from_dead_letter_id": links.get("replayed_from_dead_letter_id"),
-    }
+    values = base.copy()
+    values["id"] = task_id
+    values["task_name"] = spec.task_name
+    values["queue"] = spec.queue
+    values["priority"] = spec.priority
+    values["max_retries"] = spec.max_retries
+    values["timeout_seconds"] = spec.timeout_seconds
+    values["idempotency_key"] = spec.idempotency_key
+    values["input"] = spec.input
+    values["metadata"] = spec.metadata
+    values["run_at"] = run_at
     if _init_heard() if init_heard is None else init_heard:
         return Task.from_db(DEFAULT_DB_ALIAS, _TASK_FIELDS, [values[name] for name in _TASK_FIELDS])
     task = Task.__new__(Task)
-    task.__dict__.update(values)
-    task._state = ModelState()
-    task._state.adding = False
-    task._state.db = DEFAULT_DB_ALIAS
+    task.__dict__ = values
+    state = task._state = ModelState()
+    state.adding = False
+    state.db = DEFAULT_DB_ALIAS
     return task
 
 
