@@ -93,7 +93,9 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
     if "floor" not in skip:
         floor_url = create_database(url, "floor")
         out["floor"] = {**floor.drain(floor_url, n=opts.n, rounds=opts.rounds),
-                        "enqueue_single": floor.enqueue_single(floor_url, opts.enqueue_count)}
+                        "enqueue_single": floor.enqueue_single(floor_url, opts.enqueue_count),
+                        "enqueue_x8": floor.enqueue_concurrent(floor_url, notify=False),
+                        "enqueue_x8_notify": floor.enqueue_concurrent(floor_url, notify=True)}
         out["grpc_floor"] = grpc_floor.drain(n=opts.n, rounds=opts.rounds, concurrency=opts.concurrency)
     out["memory"]["dispatcher_mib"] = memory.rss({"d": dispatcher})["d"]
     if "memory" not in skip:

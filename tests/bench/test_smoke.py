@@ -35,3 +35,24 @@ def test_percentiles_and_the_table():
     text = report.table(results)
     assert "| drain (no-op tasks) | tasks/s | ≈ 5,000 | 5,000 | 1,000 | 5.0× |" in text
     assert "| idle-worker latency p50 | ms | ≤ 3 | 2.0 | 3.0 | 1.5× |" in text
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_the_concurrent_insert_floor_counts_what_its_processes_committed(monkeypatch):
+    import psycopg
+
+    from bench import floor
+
+    monkeypatch.setattr(floor, "CONCURRENT_SECONDS", 0.5)
+    try:
+        for notify in (False, True):
+            result = floor.enqueue_concurrent(database_url(), callers=2, notify=notify)
+            with psycopg.connect(database_url(), autocommit=True) as conn:
+                rows = conn.execute("SELECT count(*) FROM floor_jobs WHERE queue = 'concurrent'").fetchone()[0]
+                conn.execute("DELETE FROM floor_jobs")
+            assert result["count"] == rows > 0 and result["notify"] is notify
+            assert result["rate_per_s"] == rows / 0.5
+    finally:
+        with psycopg.connect(database_url(), autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS floor_jobs")
