@@ -46,7 +46,7 @@ def _insert(spec: TaskSpec, **links: Any) -> tuple[Task, bool]:
     for _ in range(3):
         row = fetchone_prepared(producer.INSERT_TASK, params)
         if row is not None:
-            return _new_task(params["id"], spec, row[0], _task_base(row[1], links)), True
+            return _new_task(params["id"], spec, row[0], _task_base(row[1], links), _init_heard()), True
         # The key is taken: ON CONFLICT waited for its holder to commit, so it is visible now.
         existing = list(Task.objects.raw(producer.SELECT_BY_IDEMPOTENCY_KEY, params))
         if existing:
@@ -210,7 +210,7 @@ def _insert_rows(specs: list[TaskSpec]) -> list[Task | None]:
     new_ids = set(inserted.split(",")) if inserted else set()
     base, heard = _task_base(now, {}), _init_heard()  # once for the batch
     return [
-        _new_task(task_uuid, s, s.run_at or now, base, init_heard=heard) if task_id in new_ids else None
+        _new_task(task_uuid, s, s.run_at or now, base, heard) if task_id in new_ids else None
         for task_uuid, task_id, s in zip(uuids, ids, specs, strict=True)
     ]
 
@@ -254,13 +254,12 @@ def _task_base(created_at: Any, links: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
-def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, base: dict[str, Any],
-              init_heard: bool | None = None) -> Task:
+def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, base: dict[str, Any], init_heard: bool) -> Task:
     """The Task row just inserted for `spec`, from what was sent and the times the server set.
 
     Built as `Model.from_db` would build it, without `Model.__init__`'s per-field work (about
     20 µs for this model, more than validating the task), unless something listens for the
-    model's init signals.
+    model's init signals (`init_heard`, from `_init_heard`).
     """
     values = base.copy()
     values["id"] = task_id
@@ -273,7 +272,7 @@ def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, base: dict[str, A
     values["input"] = spec.input
     values["metadata"] = spec.metadata
     values["run_at"] = run_at
-    if _init_heard() if init_heard is None else init_heard:
+    if init_heard:
         return Task.from_db(DEFAULT_DB_ALIAS, _TASK_FIELDS, [values[name] for name in _TASK_FIELDS])
     task = Task.__new__(Task)
     task.__dict__ = values
