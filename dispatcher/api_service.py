@@ -9,9 +9,8 @@ from asgiref.sync import sync_to_async
 from django.db import close_old_connections
 from django.db.models import Max
 
-from dispatcher import convert
+from dispatcher import protocol
 from dispatcher.errors import grpc_message, grpc_status
-from dispatcher.flusher import valid_uuid
 from signals.services import signal_send
 from tasks import selectors, services
 from tasks.api.auth import api_key_valid
@@ -50,8 +49,8 @@ def create_task(request: api_pb2.CreateTaskRequest):
     data = {
         "queue": request.queue_name,
         "task_name": request.task_name,
-        "input": convert.load_json("input", request.input),
-        "metadata": convert.load_json("metadata", request.metadata),
+        "input": protocol.load_json("input", request.input),
+        "metadata": protocol.load_json("metadata", request.metadata),
         "priority": request.priority,
         # proto3 cannot tell 0 from unset: 0 means "the default".
         "max_retries": request.max_retries or None,
@@ -65,11 +64,11 @@ def create_task(request: api_pb2.CreateTaskRequest):
 
 def send_signal(request: api_pb2.SendSignalRequest):
     return signal_send(task_id=request.task_id, signal_type=request.signal_name,
-                       payload=convert.load_json("payload", request.payload))
+                       payload=protocol.load_json("payload", request.payload))
 
 
 def list_tasks(request: api_pb2.ListTasksRequest):
-    status = convert.FROM_PROTO_STATUS.get(request.status) if request.status else None
+    status = protocol.FROM_PROTO_STATUS.get(request.status) if request.status else None
     size = request.pagination.page_size or DEFAULT_PAGE
     size = max(1, min(size, MAX_PAGE))
     token = request.pagination.page_token
@@ -106,22 +105,22 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
     async def CreateTask(self, request, context):  # noqa: N802
         await _authorize(context)
         task = await _call(context, create_task, request)
-        return api_pb2.CreateTaskResponse(task=convert.task_meta(task))
+        return api_pb2.CreateTaskResponse(task=protocol.task_meta(task))
 
     async def GetTask(self, request, context):  # noqa: N802
         await _authorize(context)
         task = await _call(context, selectors.task_get, task_id=request.task_id)
-        return api_pb2.GetTaskResponse(task=convert.task_meta(task))
+        return api_pb2.GetTaskResponse(task=protocol.task_meta(task))
 
     async def ListTasks(self, request, context):  # noqa: N802
         await _authorize(context)
         tasks, token = await _call(context, list_tasks, request)
-        return api_pb2.ListTasksResponse(tasks=[convert.task_meta(t) for t in tasks], next_page_token=token)
+        return api_pb2.ListTasksResponse(tasks=[protocol.task_meta(t) for t in tasks], next_page_token=token)
 
     async def CancelTask(self, request, context):  # noqa: N802
         await _authorize(context)
         task = await _call(context, services.task_cancel, task_id=request.task_id)
-        return api_pb2.CancelTaskResponse(task=convert.task_meta(task))
+        return api_pb2.CancelTaskResponse(task=protocol.task_meta(task))
 
     async def SubscribeEvents(self, request, context):  # noqa: N802
         """Every task status change from now on (of `queue_name` if given), until the client leaves."""
@@ -137,14 +136,14 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
                 for event in decode_events(payload):
                     if request.queue_name and event.get("queue_name") != request.queue_name:
                         continue
-                    yield convert.task_event(event)
+                    yield protocol.task_event(event)
         finally:
             self.fanout.unsubscribe(TASK_EVENT, inbox)
 
     async def SubscribeLogs(self, request, context):  # noqa: N802
         """A run's log lines (the earlier ones too with include_history), live until the run ends."""
         await _authorize(context)
-        if not valid_uuid(request.task_run_id):
+        if not protocol.valid_uuid(request.task_run_id):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id!r} not found")
         exists, running = await _db(selectors.run_state)(run_id=request.task_run_id)
         if not exists:
@@ -156,11 +155,11 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
             while True:
                 for line in await _db(selectors.run_log_page)(run_id=request.task_run_id, after=after):
                     after = line.id
-                    yield convert.log_entry(line)
+                    yield protocol.log_entry(line)
                 if not running:
                     for line in await _db(selectors.run_log_page)(run_id=request.task_run_id, after=after):
                         after = line.id
-                        yield convert.log_entry(line)
+                        yield protocol.log_entry(line)
                     return
                 try:
                     while await asyncio.wait_for(inbox.get(), 5.0) not in (request.task_run_id, OVERFLOW):

@@ -7,7 +7,7 @@ pass, sized to the queue's free slots, spread round-robin over its workers.
 Under load, results free slots one or two at a time; a claim for each would
 cost a statement (and a walk of the claim index) per couple of tasks. So a
 pass woken only by freed slots, while under a quarter of the queue's slots
-are free, first lets results free more: until a quarter are free, for GATHER
+are free, first lets results free more: until a quarter are free, for `gather`
 at most, and it claims for all of them at once. The workers keep three
 quarters of their slots busy meanwhile. Any other wake-up (a new task, a new
 worker) ends the wait, and an idle worker's slots are all free: a new task is
@@ -19,26 +19,27 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING
 
-from dispatcher import sql
-from dispatcher.session import InFlight, WorkerSession
+from psycopg import AsyncConnection
+from psycopg_pool import AsyncConnectionPool
+
+from dispatcher import protocol, sql
+from dispatcher.session import InFlight, SessionRegistry, WorkerSession
 from valka.ids import uuid7_text_many
-from valka.v1 import worker_pb2 as pb
-
-if TYPE_CHECKING:
-    from psycopg import AsyncConnection
-
-    from dispatcher.node import DispatcherNode
 
 log = logging.getLogger("valka.dispatcher")
 
-MAX_BATCH = 500
-GATHER = 0.010  # seconds
-FLOOR_TTL = 1.0  # seconds
+
+@dataclass(frozen=True)
+class ClaimerSettings:
+    node_id: str  # written into tasks.claimed_by
+    poll_interval: float  # seconds: a pass over every served queue at least this often
+    max_batch: int = 500  # tasks per claim statement
+    gather: float = 0.010  # seconds a pass for freed slots may wait for more (see the module's docstring)
+    floor_ttl: float = 1.0  # seconds a claim floor lasts (see Floor)
 
 
 async def claim(conn: AsyncConnection, *, queue: str, limit: int, node_id: str,
@@ -58,7 +59,7 @@ class Floor:
     index entries, left behind until a vacuum, need not be walked again. A task that becomes
     due behind it (put back unsent, or scheduled in the past) is found by a claim from the
     start of the range: made at once when a claim after the floor does not fill its slots, and
-    in any case FLOOR_TTL after the floor was first set.
+    in any case `floor_ttl` after the floor was first set.
     """
 
     start: tuple[int, datetime, str]  # (priority, run_at, task id) of the last task claimed
@@ -66,8 +67,15 @@ class Floor:
 
 
 class Claimer:
-    def __init__(self, node: DispatcherNode) -> None:
-        self.node = node
+    """Claims on `pool` (connections set up with sql.CLAIM_SESSION) for the sessions in `sessions`;
+    `unsend(task_ids)` puts back tasks claimed for sessions that closed before they got them."""
+
+    def __init__(self, *, pool: AsyncConnectionPool, sessions: SessionRegistry, settings: ClaimerSettings,
+                 unsend: Callable[[list[str]], None]) -> None:
+        self.pool = pool
+        self.sessions = sessions
+        self.settings = settings
+        self.unsend = unsend
         self._wake = asyncio.Event()
         self._queues: set[str] = set()
         self._everything = True
@@ -94,38 +102,39 @@ class Claimer:
 
     def _few_free(self, queues: Iterable[str]) -> bool:
         for queue in queues:
-            sessions = self.node.sessions_for(queue)
+            sessions = self.sessions.for_queue(queue)
             if sum(s.free_slots() for s in sessions) * 4 >= sum(s.concurrency for s in sessions):
                 return False
         return True
 
     async def _gather(self) -> None:
-        """While the pending wake-ups are only freed slots and few are free, wait (GATHER at most)
+        """While the pending wake-ups are only freed slots and few are free, wait (`gather` at most)
         for results to free more; any other wake-up, or a quarter of the slots free, ends the wait."""
         if self._urgent or not self._few_free(self._queues):
             return
         self._gathering = True
         self._wake.clear()
         try:
-            await asyncio.wait_for(self._wake.wait(), GATHER)
+            await asyncio.wait_for(self._wake.wait(), self.settings.gather)
         except TimeoutError:
             pass
         finally:
             self._gathering = False
 
     async def run(self, stop: asyncio.Event) -> None:
-        poll = self.node.settings.poll_interval
+        poll = self.settings.poll_interval
         backoff = 0.1
         while not stop.is_set():
             try:
                 await asyncio.wait_for(self._wake.wait(), timeout=poll)
             except TimeoutError:
                 self._everything = self._urgent = True
-            if stop.is_set() or self.node.stopping:
+            if stop.is_set():
                 return
             await self._gather()
             self._wake.clear()
-            queues = self.node.served_queues() if self._everything else self._queues & self.node.served_queues()
+            served = self.sessions.served_queues()
+            queues = served if self._everything else self._queues & served
             self._everything, self._queues, self._urgent = False, set(), False
             try:
                 for queue in sorted(queues):
@@ -140,17 +149,17 @@ class Claimer:
                 self._wake.set()
 
     async def claim_queue(self, queue: str) -> int:
-        sessions = [s for s in self.node.sessions_for(queue) if s.free_slots() > 0]
+        sessions = [s for s in self.sessions.for_queue(queue) if s.free_slots() > 0]
         free = sum(s.free_slots() for s in sessions)
         if free <= 0:
             return 0
-        limit = min(free, MAX_BATCH)
+        limit = min(free, self.settings.max_batch)
         now = asyncio.get_running_loop().time()
         floor = self._floors.pop(queue, None)
-        if floor is not None and now - floor.since > FLOOR_TTL:
+        if floor is not None and now - floor.since > self.settings.floor_ttl:
             floor = None
-        node_id = self.node.settings.node_id
-        async with self.node.claim_pool.connection() as conn:
+        node_id = self.settings.node_id
+        async with self.pool.connection() as conn:
             rows = await claim(conn, queue=queue, limit=limit, node_id=node_id, after=floor and floor.start)
             full = len(rows) == limit
             if floor is not None and not full:  # the backlog ahead is claimed: look behind the floor too
@@ -161,7 +170,7 @@ class Claimer:
         if not rows:
             return 0
         self._distribute(queue, rows, sessions)
-        if len(rows) == MAX_BATCH:
+        if len(rows) == self.settings.max_batch:
             self.wake(queue)  # slots are still free and there may be more tasks where these came from
         return len(rows)
 
@@ -183,9 +192,7 @@ class Claimer:
                 continue
             entry = InFlight(task_id=task_id, run_id=next(run_ids), queue=queue, attempt=attempt)
             session.reserve(entry)
-            session.send(pb.WorkerResponse(task_assignment=pb.TaskAssignment(
-                task_id=entry.task_id, task_run_id=entry.run_id, queue_name=queue, task_name=task_name,
-                input=payload or "", attempt_number=attempt, timeout_seconds=timeout, metadata=metadata or "{}",
-            )), entry)
+            session.send(protocol.assignment(entry, task_name=task_name, payload=payload, metadata=metadata,
+                                             timeout_seconds=timeout), entry)
         if unsent:
-            self.node.unsend(unsent)
+            self.unsend(unsent)

@@ -12,12 +12,12 @@ from grpc_reflection.v1alpha import reflection
 
 from dispatcher.api_service import ApiService
 from dispatcher.node import DispatcherNode
+from dispatcher.protocol import MAX_MESSAGE
 from dispatcher.worker_service import WorkerService
 from valka.v1 import api_pb2, api_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger("valka.dispatcher")
 
-MAX_MESSAGE = 16 * 1024 * 1024
 SERVER_OPTIONS = [
     ("grpc.max_receive_message_length", MAX_MESSAGE),
     ("grpc.max_send_message_length", MAX_MESSAGE),
@@ -37,7 +37,9 @@ class Dispatcher:
         self.addr = addr
         self.node = node or DispatcherNode()
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
-        worker_pb2_grpc.add_WorkerServiceServicer_to_server(WorkerService(self.node), self.server)
+        worker_pb2_grpc.add_WorkerServiceServicer_to_server(
+            WorkerService(self.node.handler, worker_token=self.node.settings.worker_token,
+                          node_id=self.node.settings.node_id), self.server)
         api_pb2_grpc.add_ApiServiceServicer_to_server(ApiService(self.node.fanout), self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

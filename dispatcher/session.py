@@ -1,9 +1,11 @@
-"""One worker's stream as the dispatcher sees it: who it is, its free slots, its outbox."""
+"""A worker's stream as the dispatcher sees it (who it is, its free slots, its outbox), and the
+registry of this node's sessions. In memory only, touched by the event loop's thread alone."""
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,3 +73,55 @@ class WorkerSession:
         if not self.closed:
             self.closed = True
             self.outbox.put_nowait(CLOSE)
+
+
+class SessionRegistry:
+    """This node's worker sessions, by worker id: the only workers this node can hand tasks to."""
+
+    def __init__(self) -> None:
+        self._by_worker: dict[str, WorkerSession] = {}
+
+    def __iter__(self) -> Iterator[WorkerSession]:
+        return iter(list(self._by_worker.values()))  # a snapshot: sessions come and go while one iterates
+
+    def __len__(self) -> int:
+        return len(self._by_worker)
+
+    def worker_ids(self) -> list[str]:
+        return list(self._by_worker)
+
+    def get(self, worker_id: str) -> WorkerSession | None:
+        return self._by_worker.get(worker_id)
+
+    def add(self, session: WorkerSession) -> None:
+        self._by_worker[session.worker_id] = session
+
+    def pop(self, worker_id: str) -> WorkerSession | None:
+        return self._by_worker.pop(worker_id, None)
+
+    def discard(self, session: WorkerSession) -> None:
+        """Forget `session` if it is still its worker's current one (a reconnect replaced it otherwise)."""
+        if self._by_worker.get(session.worker_id) is session:
+            del self._by_worker[session.worker_id]
+
+    def served_queues(self) -> set[str]:
+        """The queues some session has a free slot for."""
+        return {q for s in self._by_worker.values() if s.free_slots() > 0 for q in s.queues}
+
+    def for_queue(self, queue: str) -> list[WorkerSession]:
+        return [s for s in self._by_worker.values() if queue in s.queues and not s.closed]
+
+    def in_flight(self, task_id: str) -> InFlight | None:
+        """The assignment of `task_id` on this node, if a session holds it."""
+        for session in self._by_worker.values():
+            entry = session.in_flight.get(task_id)
+            if entry is not None:
+                return entry
+        return None
+
+    def holder(self, task_id: str) -> WorkerSession | None:
+        """The open session that holds `task_id`, if any."""
+        for session in self._by_worker.values():
+            if task_id in session.in_flight and not session.closed:
+                return session
+        return None

@@ -132,7 +132,7 @@ _hubs: dict[int, Fanout] = {}
 
 def process_fanout() -> Fanout:
     """The fanout of this process's event loop (its LISTEN connection opens with the first subscriber)."""
-    from dispatcher.db import conninfo
+    from valka.db import conninfo
 
     loop = asyncio.get_running_loop()
     fanout = _hubs.get(id(loop))

@@ -19,9 +19,14 @@ import orjson
 from tasks.errors import PayloadTooLarge, ValidationError
 from valka.conf import valka_settings
 
-QUEUE_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$")
-INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+# Every name the queue stores (task, queue, idempotency key, worker id and name, signal type) is
+# at most MAX_NAME characters; a queue name also follows QUEUE_PATTERN. The models, the API's
+# schema and the dispatcher's hello check import these.
 MAX_NAME = 255
+QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$"
+QUEUE_RE = re.compile(QUEUE_PATTERN)
+QUEUE_RULE = "may contain only letters, digits, '_', '-', '.', ':' and must start with a letter or digit"
+INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
 MAX_RETRIES_LIMIT = 1000
 TIMEOUT_RANGE = (1, 86400)
 # A \u0000 escape in JSON text (json.dumps writes NUL so), not a backslash-u that is itself escaped.
@@ -170,6 +175,16 @@ def check_json(name: str, value: Any, limit: int) -> str:
     return encoded
 
 
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not valid JSON")
+
+
+def parse_json_text(text: str, *, parse_float: Any = None) -> Any:
+    """JSON text as Python, refusing NaN and Infinity, which JSON does not have (Python's parser
+    takes them). Raises ValueError, or RecursionError for text nested too deeply to parse."""
+    return json.loads(text, parse_constant=_refuse_constant, parse_float=parse_float)
+
+
 def parse_datetime(name: str, value: Any) -> datetime | None:
     """RFC 3339 with a time zone (`Z` or an offset), or None for "now"."""
     if value is None:
@@ -200,9 +215,7 @@ def _queue(data: Mapping[str, Any], name: str) -> str | None:
     queue = _text(name, data[name], required=True)
     assert queue is not None
     if not QUEUE_RE.match(queue):
-        raise ValidationError.field(
-            name, "may contain only letters, digits, '_', '-', '.', ':' and must start with a letter or digit"
-        )
+        raise ValidationError.field(name, QUEUE_RULE)
     return queue
 
 

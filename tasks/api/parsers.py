@@ -8,7 +8,6 @@ answered 413 by tasks.api.errors).
 
 from __future__ import annotations
 
-import json
 from typing import Any
 
 from django.conf import settings
@@ -16,6 +15,7 @@ from rest_framework.exceptions import ParseError
 from rest_framework.parsers import JSONParser
 
 from tasks.errors import ValidationError
+from tasks.specs import parse_json_text
 
 
 class ValkaJSONParser(JSONParser):
@@ -23,12 +23,8 @@ class ValkaJSONParser(JSONParser):
         raw = stream.read()
         encoding = (parser_context or {}).get("encoding") or settings.DEFAULT_CHARSET
         try:
-            return json.loads(raw.decode(encoding), parse_constant=_refuse_constant)
+            return parse_json_text(raw.decode(encoding))
         except RecursionError:
             raise ValidationError("body: JSON nested too deeply", {"body": ["JSON nested too deeply"]}) from None
         except (ValueError, LookupError) as exc:  # UnicodeDecodeError is a ValueError; LookupError: bad charset
             raise ParseError(f"JSON parse error - {exc}") from None
-
-
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not valid JSON")

@@ -18,7 +18,6 @@ import signal
 
 from psycopg_pool import AsyncConnectionPool
 
-from dispatcher.db import conninfo, make_pool
 from tasks.scheduler.base import Loop, SchedulerConfig
 from tasks.scheduler.janitor import WorkerJanitor
 from tasks.scheduler.leader import Leader
@@ -26,6 +25,7 @@ from tasks.scheduler.promoter import DelayedPromoter
 from tasks.scheduler.reaper import LeaseReaper
 from tasks.scheduler.retention import Retention
 from tasks.scheduler.retry import RetryEngine
+from valka.db import conninfo, make_pool
 
 log = logging.getLogger("valka.scheduler")
 

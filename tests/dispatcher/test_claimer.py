@@ -2,36 +2,47 @@
 back behind the floor is still claimed, at once when the backlog ahead of it runs out."""
 
 import asyncio
-from types import SimpleNamespace
 
 import pytest
 from django.db import connection
 
-from dispatcher import claimer as claimer_module
-from dispatcher.claimer import Claimer
-from dispatcher.db import make_pool
+from dispatcher.claimer import Claimer, ClaimerSettings
+from dispatcher.session import InFlight, SessionRegistry, WorkerSession
 from dispatcher.sql import CLAIM_SESSION, UNSEND
 from tasks.services import task_enqueue_many
+from valka.db import make_pool
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-class Slots:
-    """A worker session with `concurrency` slots that records what it was sent."""
+class Slots(WorkerSession):
+    """A worker session with `concurrency` slots that records the tasks it was sent."""
 
     def __init__(self, concurrency: int) -> None:
-        self.concurrency = concurrency
-        self.taken = 0
+        super().__init__(worker_id="w", name="w", queues=("floor", "q"), concurrency=concurrency, session_id="s")
         self.sent: list[str] = []
 
-    def free_slots(self) -> int:
-        return self.concurrency - self.taken
+    @property
+    def taken(self) -> int:
+        return len(self.in_flight)
 
-    def reserve(self, entry) -> None:
-        self.taken += 1
+    @taken.setter
+    def taken(self, n: int) -> None:
+        """Hold `n` slots and free the rest, as if `n` assignments were out."""
+        self.in_flight = {str(i): InFlight(task_id=str(i), run_id=str(i), queue="q", attempt=1) for i in range(n)}
+        self.by_run = {}
 
-    def send(self, message, entry) -> None:
-        self.sent.append(entry.task_id)
+    def send(self, message, in_flight=None) -> None:
+        if in_flight is not None:
+            self.sent.append(in_flight.task_id)
+
+
+def _claimer(slots: Slots, pool=None, **settings: float) -> Claimer:
+    """A claimer on its own: a registry holding `slots`, and `settings` over the defaults."""
+    sessions = SessionRegistry()
+    sessions.add(slots)
+    return Claimer(pool=pool, sessions=sessions, unsend=lambda ids: None,
+                   settings=ClaimerSettings(node_id="claimer-test", poll_interval=1, **settings))
 
 
 def _put_back(task_id: str) -> None:
@@ -45,13 +56,11 @@ def _put_back(task_id: str) -> None:
         connection.close()
 
 
-async def _scenario(ids: list[str]) -> list[list[str]]:
+async def _scenario(ids: list[str], floor_ttl: float) -> list[list[str]]:
     slots = Slots(10)
     pool = make_pool("claimer-test", min_size=1, max_size=1, session=CLAIM_SESSION)
     await pool.open()
-    node = SimpleNamespace(claim_pool=pool, settings=SimpleNamespace(node_id="claimer-test"),
-                           sessions_for=lambda queue: [slots], unsend=lambda ids: None)
-    claimer = Claimer(node)
+    claimer = _claimer(slots, pool, floor_ttl=floor_ttl)
     passes = []
     try:
         for step in range(4):
@@ -65,37 +74,36 @@ async def _scenario(ids: list[str]) -> list[list[str]]:
     return passes
 
 
-def test_a_task_put_back_behind_the_floor_is_claimed_when_the_backlog_ahead_runs_out(monkeypatch):
-    monkeypatch.setattr(claimer_module, "FLOOR_TTL", 60.0)  # however slow the put-back's own connection
+def test_a_task_put_back_behind_the_floor_is_claimed_when_the_backlog_ahead_runs_out():
     ids = [str(t.id) for t in task_enqueue_many([{"task_name": "t", "queue": "floor"}] * 25)]
-    passes = asyncio.run(_scenario(ids))
+    passes = asyncio.run(_scenario(ids, floor_ttl=60.0))  # however slow the put-back's own connection
     assert passes[0] == ids[:10]
     assert passes[1] == ids[10:20]  # after the floor: the put-back task is behind it
     assert passes[2] == ids[20:25] + [ids[0]]  # the backlog ran out: behind the floor too, at once
     assert passes[3] == []
 
 
-def test_the_floor_lasts_only_floor_ttl(monkeypatch):
-    monkeypatch.setattr(claimer_module, "FLOOR_TTL", 0.0)
+def test_the_floor_lasts_only_floor_ttl():
     ids = [str(t.id) for t in task_enqueue_many([{"task_name": "t", "queue": "floor"}] * 25)]
-    passes = asyncio.run(_scenario(ids))
+    passes = asyncio.run(_scenario(ids, floor_ttl=0.0))
     assert passes[1] == [ids[0]] + ids[10:19]  # from the start of the range again: oldest first
+
+
+# A longer gather than the real 10 ms, so that a busy machine's pauses cannot decide these tests.
+GATHER = 0.4
 
 
 def _gathering_claimer(concurrency: int) -> tuple[Claimer, Slots]:
     slots = Slots(concurrency)
     slots.taken = concurrency  # every slot busy
-    node = SimpleNamespace(sessions_for=lambda queue: [slots])
-    claimer = Claimer(node)
+    claimer = _claimer(slots, gather=GATHER)
     claimer._urgent = claimer._everything = False
     return claimer, slots
 
 
 @pytest.fixture
-def gather(monkeypatch) -> float:
-    """A longer GATHER than the real 10 ms, so that a busy machine's pauses cannot decide these tests."""
-    monkeypatch.setattr(claimer_module, "GATHER", 0.4)
-    return claimer_module.GATHER
+def gather() -> float:
+    return GATHER
 
 
 def test_a_claim_for_freed_slots_waits_until_a_quarter_are_free(gather):

@@ -13,6 +13,10 @@ from tasks.services import task_enqueue_many
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
+def _settings() -> NodeSettings:
+    return NodeSettings(node_id="test-node", lease_extension=60, poll_interval=1, drain_seconds=1, worker_token="")
+
+
 @pytest.fixture
 def durable_database():
     """New sessions of the test database default to synchronous_commit=on, as on a production server
@@ -27,8 +31,7 @@ def durable_database():
 
 def test_only_claims_skip_the_flush_wait(durable_database):
     async def scenario() -> tuple[tuple, tuple]:
-        node = DispatcherNode(NodeSettings(node_id="test-node", lease_extension=60, poll_interval=1,
-                                           drain_seconds=1, worker_token=""))
+        node = DispatcherNode(_settings())
         await node.pool.open()
         await node.claim_pool.open()
         try:
@@ -52,8 +55,7 @@ def test_a_claim_connection_plans_the_claim_once():
     task_enqueue_many([{"task_name": "t", "queue": "once"}] * 3)
 
     async def scenario() -> tuple:
-        node = DispatcherNode(NodeSettings(node_id="test-node", lease_extension=60, poll_interval=1,
-                                           drain_seconds=1, worker_token=""))
+        node = DispatcherNode(_settings())
         await node.claim_pool.open()
         try:
             async with node.claim_pool.connection() as conn:
@@ -74,8 +76,8 @@ def test_pool_connections_send_batches_in_binary_and_others_as_text():
     any other connection; either way PostgreSQL reads the same values."""
     from psycopg.pq import Format
 
-    from dispatcher.db import make_pool
     from valka.arrays import BinaryArray
+    from valka.db import make_pool
 
     ids = BinaryArray(["0190c2a4-58c3-7b3e-9d6a-1c2f3e4d5a6b", None])
     query = "SELECT %s::uuid[]"

@@ -17,10 +17,10 @@ import psycopg
 import pytest
 from django.db import connection
 
-from dispatcher.db import conninfo
 from tasks.retry import RetryPolicy
 from tasks.scheduler.base import Loop, SchedulerConfig
 from tests.helpers import database_url
+from valka.db import conninfo
 
 
 def pytest_configure(config):

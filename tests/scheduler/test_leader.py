@@ -6,9 +6,9 @@ import random
 
 import pytest
 
-from dispatcher.db import conninfo
 from tasks.scheduler.leader import Leader
 from tests.scheduler.conftest import connect, run_async
+from valka.db import conninfo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -10,12 +10,12 @@ from datetime import timedelta
 
 import pytest
 
-from dispatcher.db import conninfo
 from tasks.models import Task
 from tasks.scheduler.leader import Leader
 from tasks.scheduler.runner import Scheduler
 from tests.factories import TaskFactory
 from tests.scheduler.conftest import connect, db_now, make_config, run_async
+from valka.db import conninfo
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -11,46 +11,41 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import uuid
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from dispatcher import sql
+from dispatcher.protocol import LogLine, Result
+from dispatcher.relay import Relay
 from dispatcher.session import InFlight
 from tasks.sql import outcomes
 from valka.arrays import BinaryArray
 
-if TYPE_CHECKING:
-    from dispatcher.node import DispatcherNode
-
 log = logging.getLogger("valka.dispatcher")
 
 
-@dataclass
-class Result:
-    run_id: str
-    worker_id: str
-    success: bool
-    retryable: bool
-    value: str | None  # output JSON when success, else the error message
-    gate: InFlight | None
+@dataclass(frozen=True)
+class WriterSettings:
+    node_id: str  # the node whose claims the starts move (tasks.claimed_by)
+    lease_extension: float  # seconds a heartbeat extends a lease by
+    retry_params: dict[str, float] = field(default_factory=dict)  # tasks.retry.RetryPolicy.sql_params()
 
 
-@dataclass
-class LogLine:
-    run_id: str
-    ts_ms: int
-    level: str
-    message: str
-    metadata: str | None
-    gate: InFlight | None
+class Writer:
+    """`relay` takes the signals waiting for the tasks a pass starts and sends them after its commit;
+    `cancel(task_id, reason)` stops a task on its worker when its start lost a race."""
 
-
-class Flusher:
-    def __init__(self, node: DispatcherNode) -> None:
-        self.node = node
+    def __init__(self, *, pool: AsyncConnectionPool, settings: WriterSettings, relay: Relay,
+                 cancel: Callable[[str, str], None]) -> None:
+        self.pool = pool
+        self.settings = settings
+        self.relay = relay
+        self.cancel = cancel
+        self._background: set[asyncio.Task] = set()
         self._starts: list[tuple[InFlight, str]] = []  # (entry, worker id)
         self._results: list[Result] = []
         self._heartbeats: list[tuple[str, str]] = []  # (worker id, task id)
@@ -75,6 +70,17 @@ class Flusher:
     def logs(self, lines: list[LogLine]) -> None:
         self._logs.extend(lines)
         self._poke()
+
+    def unsend(self, task_ids: list[str]) -> None:
+        """Put back, at once, tasks claimed for sessions that closed before they were sent:
+        DISPATCHING → PENDING, no attempt counted (the scheduler's reaper does it if this fails)."""
+        async def write() -> None:
+            async with self.pool.connection() as conn:
+                await conn.execute(sql.UNSEND, {"task_ids": task_ids, "node_id": self.settings.node_id})
+
+        task = asyncio.get_running_loop().create_task(write())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
 
     def pending(self) -> bool:
         return bool(self._starts or self._results or self._heartbeats or self._heard or self._logs)
@@ -161,14 +167,14 @@ class Flusher:
         beats, self._heartbeats = self._heartbeats, []
         heard, self._heard = self._heard, set()
         try:
-            async with self.node.pool.connection() as conn, conn.transaction():
+            async with self.pool.connection() as conn, conn.transaction():
                 started, taken = await self._write_starts(conn, starts) if starts else (set(), [])
                 if results:
                     await self._write_results(conn, results)
                 if beats:
                     await conn.execute(sql.HEARTBEAT, {
                         "worker_ids": BinaryArray(w for w, _ in beats), "task_ids": BinaryArray(t for _, t in beats),
-                        "extension": self.node.settings.lease_extension,
+                        "extension": self.settings.lease_extension,
                     })
                 if heard:
                     await conn.execute(sql.WORKERS_HEARD, {"worker_ids": sorted(heard)})
@@ -189,7 +195,7 @@ class Flusher:
             raise
         self._settle_starts(starts, started)
         if taken:  # marked DELIVERED in this pass: sent only now that it has committed
-            await self.node.signal_handler.send_taken(taken)
+            await self.relay.send_taken(taken)
         if self._results or self._logs:
             # Some wait for a start still on its way from a stream handler; look again shortly.
             await asyncio.sleep(0.001)
@@ -202,11 +208,11 @@ class Flusher:
             "task_ids": BinaryArray(e.task_id for e, _ in starts),
             "run_ids": BinaryArray(e.run_id for e, _ in starts),
             "worker_ids": BinaryArray(w for _, w in starts),
-            "node_id": self.node.settings.node_id,
+            "node_id": self.settings.node_id,
         })
         rows = await cur.fetchall()
         with_signals = [task_id for task_id, has_signals in rows if has_signals]
-        taken = await self.node.signal_handler.take(conn, with_signals) if with_signals else []
+        taken = await self.relay.take(conn, with_signals) if with_signals else []
         return {task_id for task_id, _ in rows}, taken
 
     def _settle_starts(self, starts: list[tuple[InFlight, str]], started: set[str]) -> None:
@@ -216,7 +222,7 @@ class Flusher:
                 entry.started.set_result(ok)
             if not ok:
                 # Cancelled between claim and send: the worker must stop it.
-                self.node.cancel_on_worker(entry.task_id, "task was cancelled before it started")
+                self.cancel(entry.task_id, "task was cancelled before it started")
 
     async def _write_results(self, conn: Any, results: list[Result]) -> None:
         done = [r for r in results if r.success]
@@ -231,12 +237,5 @@ class Flusher:
         if retry:
             await outcomes.retry_runs(conn, [r.run_id for r in retry], [r.worker_id for r in retry],
                                       [r.value or "failed" for r in retry], lost=False,
-                                      retry_params=self.node.settings.retry_params)
+                                      retry_params=self.settings.retry_params)
 
-
-def valid_uuid(value: str) -> bool:
-    try:
-        uuid.UUID(value)
-        return True
-    except (ValueError, TypeError, AttributeError):
-        return False

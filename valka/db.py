@@ -1,4 +1,4 @@
-"""Async PostgreSQL access for the long-running processes (dispatcher, scheduler).
+"""Async PostgreSQL access for the long-running processes (dispatcher, scheduler) and LISTEN feeds.
 
 They use psycopg directly (not the ORM) on the hot path; the connection
 parameters are Django's, so one DATABASE_URL configures everything.

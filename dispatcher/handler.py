@@ -1,0 +1,151 @@
+"""What the node does with a worker's session: open it, take its messages, close it.
+
+The gRPC stream handler (worker_service) calls in here; this module decides, with the
+parts it is given: the session registry, the writer (everything reported is written in
+batches), the claimer (woken by new workers and freed slots) and the relay (signal
+acknowledgements). Opening and closing a session are written at once, each in one
+transaction of its own.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from dataclasses import dataclass, field
+
+from psycopg_pool import AsyncConnectionPool
+
+from dispatcher import protocol, sql
+from dispatcher.claimer import Claimer
+from dispatcher.relay import Relay
+from dispatcher.session import InFlight, SessionRegistry, WorkerSession
+from dispatcher.writer import Writer
+from tasks.sql import outcomes
+from valka.v1 import worker_pb2 as pb
+
+log = logging.getLogger("valka.dispatcher")
+
+CLOSE_ATTEMPTS = 20  # tries to record a disconnect before leaving it to the scheduler
+
+
+@dataclass(frozen=True)
+class HandlerSettings:
+    node_id: str  # written into workers.node_id
+    retry_params: dict[str, float] = field(default_factory=dict)  # for the runs a closed session leaves
+
+
+class SessionHandler:
+    def __init__(self, *, pool: AsyncConnectionPool, sessions: SessionRegistry, writer: Writer, claimer: Claimer,
+                 relay: Relay, settings: HandlerSettings) -> None:
+        self.pool = pool
+        self.sessions = sessions
+        self.writer = writer
+        self.claimer = claimer
+        self.relay = relay
+        self.settings = settings
+        self.accepting = True  # False once the node stops: new streams are refused
+        self.open_streams = 0  # stream handlers still running (their cleanup included)
+
+    async def open_session(self, hello: pb.WorkerHello) -> WorkerSession:
+        """Record the worker CONNECTED to this node; whatever an earlier session of the same worker
+        still held (here or on a node that died) is lost in the same transaction."""
+        worker_id = hello.worker_id or str(uuid.uuid4())
+        session = WorkerSession(
+            worker_id=worker_id, name=hello.worker_name or worker_id, queues=tuple(dict.fromkeys(hello.queues)),
+            concurrency=max(1, hello.concurrency or 1), session_id=uuid.uuid4().hex,
+            metadata=protocol.json_or_none(hello.metadata) or "{}",
+        )
+        previous = self.sessions.pop(worker_id)
+        if previous is not None:
+            # Its stream handler notices, stops writing, and releases what it held.
+            log.info("dispatcher: worker %s reconnected; replacing its previous session", worker_id)
+            previous.close()
+        async with self.pool.connection() as conn, conn.transaction():
+            await outcomes.lose_worker_runs(conn, worker_id, "worker disconnected", self.settings.retry_params)
+            await conn.execute(sql.UPSERT_WORKER, {
+                "id": worker_id, "name": session.name, "queues": list(session.queues),
+                "concurrency": session.concurrency, "node_id": self.settings.node_id,
+                "session_id": session.session_id, "metadata": session.metadata,
+            })
+        self.sessions.add(session)
+        log.info("dispatcher: worker %s (%s) connected: queues=%s concurrency=%d", worker_id, session.name,
+                 ",".join(session.queues), session.concurrency)
+        for queue in session.queues:
+            self.claimer.wake(queue)
+        return session
+
+    async def close_session(self, session: WorkerSession, reason: str = "worker disconnected") -> None:
+        """The stream ended and its writer has stopped: unsent tasks go back to PENDING,
+        running ones are lost (retried now, or dead-lettered)."""
+        self.sessions.discard(session)
+        session.close()
+        entries = list(session.in_flight.values())
+        session.in_flight.clear()
+        session.by_run.clear()
+        unsent = [e.task_id for e in entries if not e.sent]
+        sent = [e for e in entries if e.sent]
+        # A start still on its way must land before its run can be closed as lost.
+        for entry in sent:
+            try:
+                await asyncio.wait_for(asyncio.shield(entry.started), 10)
+            except TimeoutError:
+                pass
+        started_runs = [e.run_id for e in sent if e.started.done() and e.started.result()]
+        for attempt in range(CLOSE_ATTEMPTS):
+            try:
+                async with self.pool.connection() as conn, conn.transaction():
+                    if unsent:
+                        await conn.execute(sql.UNSEND, {"task_ids": unsent, "node_id": self.settings.node_id})
+                    if started_runs:
+                        await outcomes.retry_runs(
+                            conn, started_runs, [session.worker_id] * len(started_runs),
+                            ["worker disconnected"] * len(started_runs), lost=True,
+                            retry_params=self.settings.retry_params)
+                    await conn.execute(sql.DISCONNECT_WORKER, {"id": session.worker_id,
+                                                               "session_id": session.session_id})
+                break
+            except Exception as exc:
+                # The scheduler's reaper and janitor recover these if we never get through.
+                log.warning("dispatcher: recording the disconnect of %s failed (%s); retry %d",
+                            session.worker_id, exc, attempt + 1)
+                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+        log.info("dispatcher: worker %s disconnected (%s): %d unsent, %d running tasks released",
+                 session.worker_id, reason, len(unsent), len(started_runs))
+        for queue in session.queues:
+            self.claimer.wake(queue)
+
+    # -- the worker's messages --
+    def on_sent(self, session: WorkerSession, entry: InFlight) -> None:
+        """An assignment left for the worker: its start goes to the writer."""
+        entry.sent = True
+        self.writer.start(entry, session.worker_id)
+
+    def on_result(self, session: WorkerSession, result: pb.TaskResult) -> str | None:
+        """Take a worker's result; returns a complaint for a result we could not use."""
+        entry = session.release(result.task_run_id)
+        if entry is not None:  # a run id this node made: no need to check its form
+            self.claimer.freed(entry.queue)
+        elif not protocol.valid_uuid(result.task_run_id):
+            return f"task_result: task_run_id {result.task_run_id!r} is not a run id"
+        self.writer.result(protocol.result_from(result, session.worker_id, entry))
+        if entry is None:
+            log.debug("dispatcher: result for run %s not held by this session of %s", result.task_run_id,
+                      session.worker_id)
+        return None
+
+    def on_heartbeat(self, session: WorkerSession, beat: pb.Heartbeat) -> None:
+        self.writer.heartbeat(session.worker_id, [t for t in beat.active_task_ids if protocol.valid_uuid(t)])
+        session.send(protocol.heartbeat_ack())
+
+    def on_logs(self, session: WorkerSession, batch: pb.LogBatch) -> None:
+        lines = protocol.log_lines(batch, session.by_run)
+        if lines:
+            self.writer.logs(lines)
+
+    def on_signal_ack(self, session: WorkerSession, signal_id: str) -> None:
+        self.relay.on_ack(session, signal_id)
+
+    def on_shutdown(self, session: WorkerSession) -> None:
+        session.draining = True
+        log.info("dispatcher: worker %s is draining", session.worker_id)
