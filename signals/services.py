@@ -12,7 +12,7 @@ from signals.models import Signal, SignalStatus
 from signals.sql import INSERT_SIGNAL
 from tasks import selectors
 from tasks.errors import InvalidState, NotFound, ValidationError
-from tasks.specs import check_json, check_text
+from tasks.specs import MAX_NAME, check_json, check_text
 from tasks.states import TaskStatus
 from valka.conf import valka_settings
 from valka.ids import uuid7
@@ -29,8 +29,8 @@ def parse_signal_request(data: Any) -> tuple[str, Any]:
     for name, value in given:
         if not isinstance(value, str) or value == "":
             raise ValidationError.field(name, "must be a non-empty string")
-        if len(value) > 255:
-            raise ValidationError.field(name, "must be at most 255 characters")
+        if len(value) > MAX_NAME:
+            raise ValidationError.field(name, f"must be at most {MAX_NAME} characters")
         check_text(name, value)
     signal_type = given[0][1]
     payload = data.get("payload")

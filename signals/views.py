@@ -3,27 +3,14 @@
 from __future__ import annotations
 
 from drf_spectacular.utils import OpenApiParameter, extend_schema
-from rest_framework import serializers, viewsets
+from rest_framework import viewsets
 from rest_framework.request import Request
 from rest_framework.response import Response
 
 from signals import services
-from tasks.api.serializers import SignalSerializer
-from tasks.api.views import ERRORS, Page, _paginate, _param
-
-
-class SignalSendSerializer(serializers.Serializer):
-    signal_type = serializers.CharField(max_length=255, help_text="Alias: signal_name.")
-    signal_name = serializers.CharField(required=False, max_length=255)
-    payload = serializers.JSONField(required=False, allow_null=True)
-
-
-class SentSignalSerializer(SignalSerializer):
-    delivered = serializers.BooleanField(read_only=True)
-
-    class Meta(SignalSerializer.Meta):
-        fields = [*SignalSerializer.Meta.fields, "delivered"]
-        read_only_fields = fields
+from signals.serializers import SentSignalSerializer, SignalSendSerializer, SignalSerializer
+from tasks.api.pagination import Page, paginate
+from tasks.api.views import ERRORS, query_param
 
 
 class SignalViewSet(viewsets.ViewSet):
@@ -40,8 +27,8 @@ class SignalViewSet(viewsets.ViewSet):
                                OpenApiParameter("limit", int), OpenApiParameter("offset", int)],
                    responses={200: SignalSerializer(many=True), **ERRORS})
     def for_task(self, request: Request, pk: str) -> Response:
-        qs = services.signal_list(task_id=pk, status=_param(request, "status"))
-        return _paginate(self, request, qs, SignalSerializer)
+        qs = services.signal_list(task_id=pk, status=query_param(request, "status"))
+        return paginate(self, request, qs, SignalSerializer)
 
     @extend_schema(responses={200: SignalSerializer, **ERRORS})
     def retrieve(self, request: Request, pk: str) -> Response:

@@ -23,7 +23,7 @@ from tasks.models import DeadLetter, Task
 from tasks.prepared import fetchone_prepared
 from tasks.specs import TaskSpec, parse_task_spec
 from tasks.sql import lifecycle, producer
-from tasks.states import FINAL_STATES, TaskStatus, sources_of
+from tasks.states import FINAL_STATES, REPLAYABLE, TaskStatus, sources_of
 from valka.ids import uuid7, uuid7_many
 
 MAX_BATCH = 1000  # tasks per batch call (REST, SDK, task_enqueue_many)
@@ -341,10 +341,9 @@ def dead_letter_replay(*, dead_letter_id: uuid.UUID | str) -> Task:
 def task_replay(*, task_id: uuid.UUID | str) -> Task:
     """Replay a DEAD_LETTER, FAILED or CANCELLED task as a new PENDING task."""
     original = selectors.task_get(task_id=task_id)
-    allowed = (TaskStatus.DEAD_LETTER, TaskStatus.FAILED, TaskStatus.CANCELLED)
-    if original.status not in allowed:
+    if original.status not in REPLAYABLE:
         raise InvalidState(
-            f"task {original.id} is {original.status}; only {', '.join(allowed)} tasks can be replayed",
+            f"task {original.id} is {original.status}; only {', '.join(REPLAYABLE)} tasks can be replayed",
             {"status": original.status},
         )
     letter = DeadLetter.objects.filter(task_id=original.id).only("id").first()

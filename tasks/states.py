@@ -54,6 +54,8 @@ TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
 
 FINAL_STATES: frozenset[TaskStatus] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
 ACTIVE_STATES: frozenset[TaskStatus] = frozenset(TaskStatus) - FINAL_STATES
+# Final states a task can be replayed from, as a new PENDING task (a COMPLETED task is not rerun).
+REPLAYABLE: tuple[TaskStatus, ...] = (S.DEAD_LETTER, S.FAILED, S.CANCELLED)
 
 
 def can_transition(source: str, target: str) -> bool:

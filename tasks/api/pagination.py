@@ -10,6 +10,8 @@ from __future__ import annotations
 from typing import Any
 
 from rest_framework.pagination import LimitOffsetPagination
+from rest_framework.request import Request
+from rest_framework.response import Response
 
 from tasks.errors import ValidationError
 
@@ -56,3 +58,10 @@ class Page(LimitOffsetPagination):
              "description": "How many results to skip", "schema": {"type": "integer", "minimum": 0,
                                                                   "maximum": MAX_OFFSET}},
         ]
+
+
+def paginate(view: Any, request: Request, qs: Any, serializer: Any) -> Response:
+    """One page of `qs` through `view`'s paginator, serialized."""
+    paginator = view.pagination_class()
+    page = paginator.paginate_queryset(qs, request, view=view)
+    return paginator.get_paginated_response(serializer(page, many=True).data)

@@ -10,8 +10,9 @@ from typing import Any
 from django.utils import timezone
 from rest_framework import serializers
 
-from signals.models import Signal
 from tasks.models import DeadLetter, Task, TaskLog, TaskRun, Worker
+from tasks.services import MAX_BATCH
+from tasks.specs import INT32_MAX, INT32_MIN, MAX_NAME, MAX_RETRIES_LIMIT, QUEUE_PATTERN, TIMEOUT_RANGE
 from tasks.states import TaskStatus
 
 
@@ -89,14 +90,14 @@ def task_data(task: Task) -> dict[str, Any]:
 class TaskCreateSerializer(serializers.Serializer):
     """Documents POST /api/v1/tasks. `queue_name` and `scheduled_at` are accepted as aliases."""
 
-    task_name = serializers.CharField(max_length=255)
-    queue = serializers.RegexField(r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$", max_length=255)
+    task_name = serializers.CharField(max_length=MAX_NAME)
+    queue = serializers.RegexField(QUEUE_PATTERN, max_length=MAX_NAME)
     input = serializers.JSONField(required=False, allow_null=True)
     metadata = serializers.DictField(required=False)
-    priority = serializers.IntegerField(required=False, min_value=-(2**31), max_value=2**31 - 1)
-    max_retries = serializers.IntegerField(required=False, min_value=0, max_value=1000)
-    timeout_seconds = serializers.IntegerField(required=False, min_value=1, max_value=86400)
-    idempotency_key = serializers.CharField(required=False, allow_null=True, max_length=255)
+    priority = serializers.IntegerField(required=False, min_value=INT32_MIN, max_value=INT32_MAX)
+    max_retries = serializers.IntegerField(required=False, min_value=0, max_value=MAX_RETRIES_LIMIT)
+    timeout_seconds = serializers.IntegerField(required=False, min_value=TIMEOUT_RANGE[0], max_value=TIMEOUT_RANGE[1])
+    idempotency_key = serializers.CharField(required=False, allow_null=True, max_length=MAX_NAME)
     run_at = serializers.DateTimeField(required=False, allow_null=True)
     queue_name = serializers.CharField(required=False, help_text="Alias of queue.")
     scheduled_at = serializers.DateTimeField(required=False, allow_null=True, help_text="Alias of run_at.")
@@ -105,7 +106,7 @@ class TaskCreateSerializer(serializers.Serializer):
 class TaskBatchCreateSerializer(serializers.Serializer):
     """Documents POST /api/v1/tasks/batch: up to 1,000 tasks, each validated on its own."""
 
-    tasks = TaskCreateSerializer(many=True, max_length=1000)
+    tasks = TaskCreateSerializer(many=True, max_length=MAX_BATCH)
 
 
 class TaskRunSerializer(serializers.ModelSerializer):
@@ -159,20 +160,6 @@ class WorkerSerializer(serializers.ModelSerializer):
         fields = [
             "id", "worker_id", "name", "queues", "concurrency", "status", "node_id", "metadata",
             "connected_at", "last_heartbeat_at", "disconnected_at",
-        ]
-        read_only_fields = fields
-
-
-class SignalSerializer(serializers.ModelSerializer):
-    task_id = serializers.UUIDField(read_only=True)
-    signal_name = serializers.CharField(source="signal_type", read_only=True)
-    payload = serializers.JSONField(allow_null=True)
-
-    class Meta:
-        model = Signal
-        fields = [
-            "id", "task_id", "signal_type", "signal_name", "payload", "status", "created_at",
-            "delivered_at", "acknowledged_at",
         ]
         read_only_fields = fields
 

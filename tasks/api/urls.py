@@ -1,6 +1,5 @@
 from django.urls import re_path
 
-from signals.views import SignalViewSet
 from tasks.api import stream, views
 
 tasks = views.TaskViewSet
@@ -20,7 +19,4 @@ urlpatterns = [
     re_path(rf"^tasks/{ID}/runs/(?P<run_id>[^/]+)/logs/stream/?$", stream.logs, name="task-run-log-stream"),
     re_path(r"^events/?$", stream.events, name="events"),
     re_path(r"^workers/?$", views.WorkerViewSet.as_view({"get": "list"}), name="worker-list"),
-    re_path(rf"^tasks/{ID}/signal/?$", SignalViewSet.as_view({"post": "send"}), name="task-signal"),
-    re_path(rf"^tasks/{ID}/signals/?$", SignalViewSet.as_view({"get": "for_task"}), name="task-signals"),
-    re_path(rf"^signals/{ID}/?$", SignalViewSet.as_view({"get": "retrieve"}), name="signal-detail"),
 ]

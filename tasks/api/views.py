@@ -16,7 +16,7 @@ from rest_framework.response import Response
 from tasks import selectors, services
 from tasks.api import serializers as s
 from tasks.api.errors import error_body
-from tasks.api.pagination import Page
+from tasks.api.pagination import Page, paginate
 from tasks.errors import ValidationError, ValkaError
 from tasks.specs import parse_datetime
 
@@ -24,7 +24,8 @@ ERRORS = {400: s.ErrorSerializer, 401: s.ErrorSerializer, 404: s.ErrorSerializer
           413: s.ErrorSerializer}
 
 
-def _param(request: Request, *names: str) -> str | None:
+def query_param(request: Request, *names: str) -> str | None:
+    """The first of `names` given a non-empty value in the query string (a parameter and its aliases)."""
     for name in names:
         value = request.query_params.get(name)
         if value not in (None, ""):
@@ -50,13 +51,13 @@ class TaskViewSet(viewsets.ViewSet):
     )
     def list(self, request: Request) -> Response:
         qs = selectors.task_list(
-            queue=_param(request, "queue", "queue_name"),
-            status=_param(request, "status"),
-            task_name=_param(request, "task_name"),
-            created_after=parse_datetime("created_after", _param(request, "created_after")),
-            created_before=parse_datetime("created_before", _param(request, "created_before")),
+            queue=query_param(request, "queue", "queue_name"),
+            status=query_param(request, "status"),
+            task_name=query_param(request, "task_name"),
+            created_after=parse_datetime("created_after", query_param(request, "created_after")),
+            created_before=parse_datetime("created_before", query_param(request, "created_before")),
         )
-        return _paginate(self, request, qs, s.TaskSerializer)
+        return paginate(self, request, qs, s.TaskSerializer)
 
     @extend_schema(request=s.TaskCreateSerializer, responses={201: s.TaskSerializer, 200: s.TaskSerializer,
                                                                 **ERRORS})
@@ -106,7 +107,7 @@ class TaskViewSet(viewsets.ViewSet):
                    responses={200: s.TaskRunSerializer(many=True), **ERRORS})
     @action(detail=True, methods=["get"])
     def runs(self, request: Request, pk: str) -> Response:
-        return _paginate(self, request, selectors.task_runs(task_id=pk), s.TaskRunSerializer)
+        return paginate(self, request, selectors.task_runs(task_id=pk), s.TaskRunSerializer)
 
     @extend_schema(
         parameters=[OpenApiParameter("after", int, description="The last log id seen (alias: after_id)"),
@@ -115,7 +116,7 @@ class TaskViewSet(viewsets.ViewSet):
         responses={200: s.TaskLogSerializer(many=True), **ERRORS},
     )
     def logs(self, request: Request, pk: str, run_id: str) -> Response:
-        after = _param(request, "after", "after_id")
+        after = query_param(request, "after", "after_id")
         if after is not None:
             try:
                 after_id: int | None = int(after)
@@ -124,7 +125,7 @@ class TaskViewSet(viewsets.ViewSet):
         else:
             after_id = None
         qs = selectors.run_logs(task_id=pk, run_id=run_id, after=after_id)
-        return _paginate(self, request, qs, s.TaskLogSerializer)
+        return paginate(self, request, qs, s.TaskLogSerializer)
 
 
 class DeadLetterViewSet(viewsets.ViewSet):
@@ -137,8 +138,8 @@ class DeadLetterViewSet(viewsets.ViewSet):
         responses={200: s.DeadLetterSerializer(many=True), **ERRORS},
     )
     def list(self, request: Request) -> Response:
-        qs = selectors.dead_letter_list(queue=_param(request, "queue", "queue_name"))
-        return _paginate(self, request, qs, s.DeadLetterSerializer)
+        qs = selectors.dead_letter_list(queue=query_param(request, "queue", "queue_name"))
+        return paginate(self, request, qs, s.DeadLetterSerializer)
 
     @extend_schema(responses={200: s.DeadLetterSerializer, **ERRORS})
     def retrieve(self, request: Request, pk: str) -> Response:
@@ -158,14 +159,8 @@ class WorkerViewSet(viewsets.ViewSet):
                                OpenApiParameter("limit", int), OpenApiParameter("offset", int)],
                    responses={200: s.WorkerSerializer(many=True), **ERRORS})
     def list(self, request: Request) -> Response:
-        return _paginate(self, request, selectors.worker_list(status=_param(request, "status")),
+        return paginate(self, request, selectors.worker_list(status=query_param(request, "status")),
                          s.WorkerSerializer)
-
-
-def _paginate(view: Any, request: Request, qs: Any, serializer: Any) -> Response:
-    paginator = view.pagination_class()
-    page = paginator.paginate_queryset(qs, request, view=view)
-    return paginator.get_paginated_response(serializer(page, many=True).data)
 
 
 def healthz(request: Any) -> JsonResponse:

@@ -17,7 +17,6 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from signals.sql import REDELIVER as REDELIVER_SIGNALS
 from tasks.sql.lifecycle import DEAD_LETTER_TASKS
 from tasks.states import TaskStatus, guarded_update
 from valka.arrays import BinaryArray
@@ -73,6 +72,12 @@ RETRY_FAILED_RUNS = _retry_runs("FAILED")
 # -- Lost runs (lease expired, worker gone) → run LOST, task RETRY (or on to DEAD_LETTER). --
 RETRY_LOST_RUNS = _retry_runs("LOST")
 
+# Statements that other apps run in the same transaction for the tasks whose attempt ended in
+# RETRY; each takes %(task_ids)s. An app whose rows follow a task's attempts adds its own in its
+# AppConfig.ready(): the signals app hands the signals the ended attempt had not acknowledged
+# back to PENDING, for the next attempt (signals.apps).
+ON_RETRY: list[str] = []
+
 # -- The RUNNING runs of a worker (for a disconnect or a replaced session). --
 RUNNING_RUNS_OF_WORKER = ("SELECT id FROM task_runs "
                           "WHERE worker_id = %(worker_id)s AND finished_at IS NULL AND status = 'RUNNING'")
@@ -107,12 +112,13 @@ async def retry_runs(conn: Any, run_ids: Sequence[Any], worker_ids: Sequence[str
     rows = await cur.fetchall()
     if not rows:
         return []
-    # Signals the ended attempt had not acknowledged go to the next attempt.
-    await conn.execute(REDELIVER_SIGNALS, {"task_ids": [row[0] for row in rows]})
+    task_ids = [row[0] for row in rows]
+    for statement in ON_RETRY:
+        await conn.execute(statement, {"task_ids": task_ids})
     exhausted = [task_id for task_id, done in rows if done]
     if exhausted:
         await conn.execute(DEAD_LETTER_TASKS, {"ids": exhausted})
-    return [row[0] for row in rows]
+    return task_ids
 
 
 async def lose_worker_runs(conn: Any, worker_id: str, error: str, retry_params: dict[str, float]) -> list[uuid.UUID]:
