@@ -3,6 +3,7 @@
 from django.db import models
 from django.db.models import Q
 
+from tasks.specs import MAX_NAME
 from valka.ids import uuid7
 
 
@@ -15,7 +16,7 @@ class SignalStatus(models.TextChoices):
 class Signal(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     task = models.ForeignKey("tasks.Task", on_delete=models.DB_CASCADE, related_name="signals", db_index=False)
-    signal_type = models.CharField(max_length=255)
+    signal_type = models.CharField(max_length=MAX_NAME)
     payload = models.JSONField(null=True, blank=True)
     status = models.CharField(max_length=16, choices=SignalStatus.choices, default=SignalStatus.PENDING)
     created_at = models.DateTimeField(db_default=models.functions.Now())

@@ -6,6 +6,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
+from tasks.specs import MAX_NAME
 from tasks.states import FINAL_STATES, TaskStatus
 from valka.ids import uuid7
 
@@ -23,14 +24,14 @@ class RunStatus(models.TextChoices):
 
 class Task(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
-    task_name = models.CharField(max_length=255)
-    queue = models.CharField(max_length=255)
+    task_name = models.CharField(max_length=MAX_NAME)
+    queue = models.CharField(max_length=MAX_NAME)
     status = models.CharField(max_length=16, choices=STATUS_CHOICES, default=TaskStatus.PENDING.value)
     priority = models.IntegerField(default=0)
     max_retries = models.IntegerField(default=3)
     attempt_count = models.IntegerField(default=0)
     timeout_seconds = models.IntegerField(default=300)
-    idempotency_key = models.CharField(max_length=255, null=True, blank=True)
+    idempotency_key = models.CharField(max_length=MAX_NAME, null=True, blank=True)
     input = models.JSONField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     output = models.JSONField(null=True, blank=True)
@@ -41,7 +42,7 @@ class Task(models.Model):
     started_at = models.DateTimeField(null=True, blank=True)
     finished_at = models.DateTimeField(null=True, blank=True)
     claimed_by = models.CharField(
-        max_length=255, null=True, blank=True,
+        max_length=MAX_NAME, null=True, blank=True,
         help_text="The dispatcher node that last claimed the task; guards its DISPATCHING → RUNNING/PENDING moves.",
     )
     # Indexed only where set (see Meta.indexes): a full index would take a new entry on every status change.
@@ -113,7 +114,7 @@ class TaskRun(models.Model):
     id = models.UUIDField(primary_key=True, default=uuid7, editable=False)
     task = models.ForeignKey(Task, on_delete=models.DB_CASCADE, related_name="runs", db_index=False)
     attempt_number = models.IntegerField()
-    worker_id = models.CharField(max_length=255)
+    worker_id = models.CharField(max_length=MAX_NAME)
     status = models.CharField(max_length=16, choices=RunStatus.choices, default=RunStatus.RUNNING)
     output = models.JSONField(null=True, blank=True)
     error_message = models.TextField(null=True, blank=True)
@@ -183,8 +184,8 @@ class DeadLetter(models.Model):
     task = models.OneToOneField(
         Task, null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="dead_letter"
     )
-    task_name = models.CharField(max_length=255)
-    queue = models.CharField(max_length=255)
+    task_name = models.CharField(max_length=MAX_NAME)
+    queue = models.CharField(max_length=MAX_NAME)
     input = models.JSONField(null=True, blank=True)
     metadata = models.JSONField(default=dict, blank=True)
     error_message = models.TextField(null=True, blank=True)
@@ -215,12 +216,12 @@ class Worker(models.Model):
         CONNECTED = "CONNECTED"
         DISCONNECTED = "DISCONNECTED"
 
-    id = models.CharField(primary_key=True, max_length=255)
-    name = models.CharField(max_length=255, blank=True, default="")
-    queues = ArrayField(models.CharField(max_length=255), default=list)
+    id = models.CharField(primary_key=True, max_length=MAX_NAME)
+    name = models.CharField(max_length=MAX_NAME, blank=True, default="")
+    queues = ArrayField(models.CharField(max_length=MAX_NAME), default=list)
     concurrency = models.IntegerField(default=1)
     status = models.CharField(max_length=16, choices=Status.choices, default=Status.CONNECTED)
-    node_id = models.CharField(max_length=255, blank=True, default="", help_text="The dispatcher serving it.")
+    node_id = models.CharField(max_length=MAX_NAME, blank=True, default="", help_text="The dispatcher serving it.")
     session_id = models.CharField(max_length=64, blank=True, default="",
                                   help_text="The current stream; a reconnect replaces it.")
     metadata = models.JSONField(default=dict, blank=True)
@@ -242,7 +243,7 @@ class Worker(models.Model):
 class ApiKey(models.Model):
     """An API key; only its SHA-256 is kept (keys are 256-bit random tokens)."""
 
-    name = models.CharField(max_length=255)
+    name = models.CharField(max_length=MAX_NAME)
     prefix = models.CharField(max_length=16, help_text="The first characters, to recognise a key.")
     key_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
