@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-
 import grpc
 from asgiref.sync import sync_to_async
 from django.db import close_old_connections
@@ -16,7 +14,7 @@ from tasks import selectors, services
 from tasks.api.auth import api_key_valid
 from tasks.api.pagination import MAX_OFFSET
 from tasks.errors import ValidationError, ValkaError
-from tasks.live import OVERFLOW, Fanout, decode_events
+from tasks.live import OVERFLOW, Fanout, decode_events, tail_run_log
 from tasks.models import TaskLog
 from tasks.notify import TASK_EVENT, TASK_LOG
 from valka.conf import valka_settings
@@ -88,6 +86,14 @@ def _last_log_id(run_id: str) -> int:
     return TaskLog.objects.filter(run_id=run_id).aggregate(last=Max("id"))["last"] or 0
 
 
+def _log_page(run_id: str, after: int) -> list[TaskLog]:
+    return selectors.run_log_page(run_id=run_id, after=after)
+
+
+def _run_open(run_id: str) -> bool:
+    return selectors.run_state(run_id=run_id)[1]
+
+
 async def _authorize(context: grpc.aio.ServicerContext) -> None:
     """Every call needs an API key (metadata `authorization: Bearer <key>`), as the REST API does,
     unless VALKA_API_ANONYMOUS opens the API. The answer says nothing about which keys exist."""
@@ -145,28 +151,17 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
         await _authorize(context)
         if not protocol.valid_uuid(request.task_run_id):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id!r} not found")
-        exists, running = await _db(selectors.run_state)(run_id=request.task_run_id)
+        exists, _ = await _db(selectors.run_state)(run_id=request.task_run_id)
         if not exists:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id} not found")
         inbox = self.fanout.subscribe(TASK_LOG)
         try:
             await self.fanout.ready()
             after = 0 if request.include_history else await _db(_last_log_id)(request.task_run_id)
-            while True:
-                for line in await _db(selectors.run_log_page)(run_id=request.task_run_id, after=after):
-                    after = line.id
+            async for lines in tail_run_log(inbox, run_id=request.task_run_id, after=after, wait=5.0,
+                                            page=_db(_log_page), is_open=_db(_run_open)):
+                for line in lines or ():
                     yield protocol.log_entry(line)
-                if not running:
-                    for line in await _db(selectors.run_log_page)(run_id=request.task_run_id, after=after):
-                        after = line.id
-                        yield protocol.log_entry(line)
-                    return
-                try:
-                    while await asyncio.wait_for(inbox.get(), 5.0) not in (request.task_run_id, OVERFLOW):
-                        pass
-                except TimeoutError:
-                    pass
-                _, running = await _db(selectors.run_state)(run_id=request.task_run_id)
         finally:
             self.fanout.unsubscribe(TASK_LOG, inbox)
 

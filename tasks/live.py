@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, Protocol
 
 from tasks.notify import TASK_EVENT, TASK_LOG
 
@@ -29,7 +29,7 @@ class Fanout:
     leaves it is closed again.
 
     The connection registers itself as a task event watcher: the event triggers build and
-    send events only while at least one watcher exists (see migration 0011).
+    send events only while at least one watcher exists (see tasks/sql/schema/events.sql).
     """
 
     def __init__(self, conninfo: str | None = None, *, linger: float = 60.0) -> None:
@@ -139,3 +139,37 @@ def process_fanout() -> Fanout:
     if fanout is None:
         fanout = _hubs[id(loop)] = Fanout(conninfo(application_name="valka-web-listen"))
     return fanout
+
+
+class LogLine(Protocol):
+    id: int
+
+
+async def tail_run_log[L: LogLine](
+    inbox: asyncio.Queue[str], *, run_id: str, after: int, wait: float,
+    page: Callable[[str, int], Awaitable[Sequence[L]]], is_open: Callable[[str], Awaitable[bool]],
+) -> AsyncIterator[Sequence[L] | None]:
+    """A run's log lines after line id `after`, page by page, live until the run ends: the one
+    loop behind the SSE log stream and gRPC SubscribeLogs.
+
+    `inbox` is a subscription to TASK_LOG (subscribed, and `ready()` awaited, before the first
+    page is read, so no line written after it is missed); `page(run_id, after)` reads the next
+    lines and `is_open(run_id)` whether the run is still RUNNING. Once it is not, the lines
+    written before it closed are read once more and the tail ends. Yields None when `wait`
+    seconds pass without a wake-up (time for a keep-alive).
+    """
+    while True:
+        lines = await page(run_id, after)
+        if lines:
+            after = lines[-1].id
+            yield lines
+        if not await is_open(run_id):
+            lines = await page(run_id, after)  # the last lines before the run closed
+            if lines:
+                yield lines
+            return
+        try:
+            while await asyncio.wait_for(inbox.get(), wait) not in (run_id, OVERFLOW):
+                pass
+        except TimeoutError:
+            yield None

@@ -19,7 +19,8 @@ from tasks import selectors
 from tasks.api.auth import ApiKeyAuthentication
 from tasks.api.errors import error_body
 from tasks.errors import ValkaError
-from tasks.live import OVERFLOW, decode_events, process_fanout
+from tasks.live import OVERFLOW, decode_events, process_fanout, tail_run_log
+from tasks.models import TaskLog
 from tasks.notify import TASK_EVENT, TASK_LOG
 from valka.conf import valka_settings
 
@@ -97,10 +98,9 @@ async def events(request: HttpRequest) -> Any:
     return _stream(body())
 
 
-def _log_page(run_id: Any, after: int) -> list[dict[str, Any]]:
-    return [{"id": line.id, "timestamp": line.timestamp.isoformat(), "level": line.level,
-             "message": line.message, "metadata": line.metadata}
-            for line in selectors.run_log_page(run_id=run_id, after=after)]
+def _log_dict(line: TaskLog) -> dict[str, Any]:
+    return {"id": line.id, "timestamp": line.timestamp.isoformat(), "level": line.level,
+            "message": line.message, "metadata": line.metadata}
 
 
 def _run_open(run_id: Any) -> bool:
@@ -122,30 +122,24 @@ async def logs(request: HttpRequest, pk: str, run_id: str) -> Any:
                                        {"after": ["must be an integer log id"]}), status=400)
     fanout = process_fanout()
     inbox = fanout.subscribe(TASK_LOG)
-    page = sync_to_async(_log_page)
-    still_open = sync_to_async(_run_open)
 
     async def body() -> AsyncIterator[str]:
-        nonlocal after
         try:
             await fanout.ready()
             yield ": connected\n\n"
-            while True:
-                for line in await page(run.id, after):
-                    after = line["id"]
-                    yield _sse("log", line, str(line["id"]))
-                if not await still_open(run.id):
-                    for line in await page(run.id, after):  # the last lines before the run closed
-                        after = line["id"]
-                        yield _sse("log", line, str(line["id"]))
-                    yield _sse("end", {"run_id": str(run.id)})
-                    return
-                try:
-                    while await asyncio.wait_for(inbox.get(), KEEPALIVE) not in (str(run.id), OVERFLOW):
-                        pass
-                except TimeoutError:
+            async for lines in tail_run_log(inbox, run_id=str(run.id), after=after, wait=KEEPALIVE,
+                                            page=sync_to_async(_log_page), is_open=sync_to_async(_run_open)):
+                if lines is None:
                     yield ": keepalive\n\n"
+                    continue
+                for line in lines:
+                    yield _sse("log", _log_dict(line), str(line.id))
+            yield _sse("end", {"run_id": str(run.id)})
         finally:
             fanout.unsubscribe(TASK_LOG, inbox)
 
     return _stream(body())
+
+
+def _log_page(run_id: str, after: int) -> list[TaskLog]:
+    return selectors.run_log_page(run_id=run_id, after=after)
