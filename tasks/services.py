@@ -24,35 +24,9 @@ from tasks.prepared import fetchone_prepared
 from tasks.specs import TaskSpec, parse_task_spec
 from tasks.sql import lifecycle, producer
 from tasks.states import FINAL_STATES, REPLAYABLE, TaskStatus, sources_of
-from valka.ids import uuid7, uuid7_many
+from valka.ids import uuid7_many
 
 MAX_BATCH = 1000  # tasks per batch call (REST, SDK, task_enqueue_many)
-
-
-def _insert(spec: TaskSpec, **links: Any) -> tuple[Task, bool]:
-    """INSERT_TASK, or find the holder of the idempotency key. Returns (task, created).
-
-    One statement when the key is free (or absent): the new row is built from what was
-    sent and the times the server returned, not read back. A key whose holder is deleted
-    between the insert and the look-up is inserted again (three tries).
-    """
-    params = {
-        "id": uuid7(), "task_name": spec.task_name, "queue": spec.queue, "priority": spec.priority,
-        "max_retries": spec.max_retries, "timeout_seconds": spec.timeout_seconds,
-        "idempotency_key": spec.idempotency_key, "input": spec.input_text(), "metadata": spec.metadata_text(),
-        "run_at": spec.run_at, "replayed_from_task_id": links.get("replayed_from_task_id"),
-        "replayed_from_dead_letter_id": links.get("replayed_from_dead_letter_id"),
-    }
-    for _ in range(3):
-        row = fetchone_prepared(producer.INSERT_TASK, params)
-        if row is not None:
-            return _new_task(params["id"], spec, row[0], _task_base(row[1], links), _init_heard()), True
-        # The key is taken: ON CONFLICT waited for its holder to commit, so it is visible now.
-        existing = list(Task.objects.raw(producer.SELECT_BY_IDEMPOTENCY_KEY, params))
-        if existing:
-            return existing[0], False
-        # The holder was deleted in between: try again.
-    raise InvalidState("the idempotency key is being reused concurrently; retry the request")
 
 
 def task_enqueue(
@@ -96,7 +70,7 @@ def task_create_from_data(*, data: Any) -> tuple[Task, bool]:
 
 def task_create(*, spec: TaskSpec) -> tuple[Task, bool]:
     """Insert one task, or find the holder of its idempotency key. Returns (task, created)."""
-    return _insert(spec)
+    return _create([spec])[0]
 
 
 def task_enqueue_many(tasks: Iterable[Mapping[str, Any]]) -> list[Task]:
@@ -152,6 +126,11 @@ def task_create_many(*, specs: Sequence[TaskSpec]) -> list[tuple[Task, bool]]:
     """
     if len(specs) > MAX_BATCH:
         raise ValidationError.field("tasks", f"at most {MAX_BATCH} tasks per batch (got {len(specs)})")
+    return _create(specs)
+
+
+def _create(specs: Sequence[TaskSpec], links: Mapping[str, Any] | None = None) -> list[tuple[Task, bool]]:
+    """The one insert path: a single task is a batch of one. `links` (a replay's origin) go to every row."""
     results: list[tuple[Task, bool] | None] = [None] * len(specs)
     pending = list(range(len(specs)))
     for _ in range(3):
@@ -163,7 +142,7 @@ def task_create_many(*, specs: Sequence[TaskSpec]) -> list[tuple[Task, bool]]:
                 if key is not None:
                     first_of_key[key] = i
                 to_insert.append(i)
-        inserted = _insert_rows([specs[i] for i in to_insert])
+        inserted = _insert_rows([specs[i] for i in to_insert], links or {})
         holders: dict[str, Task] = {}
         for i, task in zip(to_insert, inserted, strict=True):
             if task is not None:
@@ -186,15 +165,15 @@ def task_create_many(*, specs: Sequence[TaskSpec]) -> list[tuple[Task, bool]]:
         pending = still
         if not pending:
             return [result for result in results if result is not None]
-    raise InvalidState("idempotency keys of this batch are being reused concurrently; retry the request")
+    raise InvalidState("idempotency keys are being reused concurrently; retry the request")
 
 
 _TASK_FIELDS = [f.attname for f in Task._meta.concrete_fields]
 _TASK_COLUMNS_NULL = dict.fromkeys(_TASK_FIELDS)
 
 
-def _insert_rows(specs: list[TaskSpec]) -> list[Task | None]:
-    """INSERT_TASKS for `specs`: the new task for each, or None where its key was taken.
+def _insert_rows(specs: list[TaskSpec], links: Mapping[str, Any]) -> list[Task | None]:
+    """INSERT_TASKS for `specs`, prepared: the new task for each, or None where its key was taken.
 
     The new rows are built from what was sent and the statement's time (their creation
     time, and the due time of those given none), not read back: the statement's triggers
@@ -204,21 +183,22 @@ def _insert_rows(specs: list[TaskSpec]) -> list[Task | None]:
         return []
     uuids = uuid7_many(len(specs))
     ids = [str(task_id) for task_id in uuids]
-    with connection.cursor() as cursor:
-        cursor.execute(producer.INSERT_TASKS, {"tasks": _rows_json(ids, specs)})
-        inserted, now, _notified = cursor.fetchone()
+    row = fetchone_prepared(producer.INSERT_TASKS, {"tasks": _rows_json(ids, specs, links)})
+    assert row is not None  # the statement answers one row, whatever it inserted
+    inserted, now, _notified = row
     new_ids = set(inserted.split(",")) if inserted else set()
-    base, heard = _task_base(now, {}), _init_heard()  # once for the batch
+    base, heard = _task_base(now, links), _init_heard()  # once for the batch
     return [
         _new_task(task_uuid, s, s.run_at or now, base, heard) if task_id in new_ids else None
         for task_uuid, task_id, s in zip(uuids, ids, specs, strict=True)
     ]
 
 
-def _rows_json(ids: list[str], specs: list[TaskSpec]) -> str:
+def _rows_json(ids: list[str], specs: list[TaskSpec], links: Mapping[str, Any]) -> str:
     """The batch as INSERT_TASKS's JSON array, put together from the JSON text that validation
     already made of each input and metadata, instead of encoding them all a second time.
-    Names, queues and keys repeat across a batch: each distinct one is encoded once."""
+    Names, queues and keys repeat across a batch: each distinct one is encoded once. `links`
+    (a replay's origin ids) are written into every row; absent, the columns are NULL."""
     quoted: dict[str, str] = {}
 
     def q(text: str | None) -> str:
@@ -229,11 +209,12 @@ def _rows_json(ids: list[str], specs: list[TaskSpec]) -> str:
             encoded = quoted[text] = json.dumps(text, ensure_ascii=False)
         return encoded
 
+    shared = "".join(f',"{name}":"{value}"' for name, value in links.items() if value is not None)
     return "[" + ",".join(
         f'{{"id":"{task_id}","task_name":{q(s.task_name)},"queue":{q(s.queue)},"priority":{int(s.priority)},'
         f'"max_retries":{int(s.max_retries)},"timeout_seconds":{int(s.timeout_seconds)},'
         f'"idempotency_key":{q(s.idempotency_key)},"input":{s.input_text() or "null"},'
-        f'"metadata":{s.metadata_text()},"run_at":{q(s.run_at.isoformat() if s.run_at else None)}}}'
+        f'"metadata":{s.metadata_text()},"run_at":{q(s.run_at.isoformat() if s.run_at else None)}{shared}}}'
         for task_id, s in zip(ids, specs, strict=True)
     ) + "]"
 
@@ -363,8 +344,8 @@ def _replay(*, task_name: str, queue: str, input: Any, metadata: Any, max_retrie
         "max_retries": max_retries, "timeout_seconds": timeout_seconds, "priority": priority,
     })
     with transaction.atomic():
-        task, _ = _insert(spec, replayed_from_task_id=replayed_from_task_id,
-                          replayed_from_dead_letter_id=replayed_from_dead_letter_id)
+        ((task, _),) = _create([spec], {"replayed_from_task_id": replayed_from_task_id,
+                                        "replayed_from_dead_letter_id": replayed_from_dead_letter_id})
         if replayed_from_dead_letter_id is not None:
             with connection.cursor() as cursor:
                 cursor.execute(lifecycle.MARK_DEAD_LETTER_REPLAYED,
