@@ -11,7 +11,10 @@ whole. Each query walks an index for a bounded number of entries:
 - queue lag reads the head of each (queue, PENDING, priority) range of
   `tasks_queue_status_idx`, whose next column is `run_at`;
 - throughput comes from `task_counters`, kept by a statement trigger on tasks
-  (migration 0005), small because old minutes are folded into one total row.
+  (tasks/sql/schema/counters.sql), small because old minutes are folded into one
+  total row.
+
+The statements are in tasks/sql/dashboard.py.
 """
 
 from __future__ import annotations
@@ -25,116 +28,29 @@ from django.core.paginator import Paginator
 from django.db import connection, transaction
 from django.utils import timezone
 
-from tasks.sql.queues import QUEUES
+from tasks.sql import dashboard as sql
 from tasks.states import TaskStatus
 
 COUNT_CAP = 10_000
 CHART_KINDS = ("completed", "failed", "dead_lettered")
 COUNTER_KINDS = ("created", "completed", "failed", "retried", "dead_lettered", "cancelled")
 
-# -- Distinct values of an indexed column, one index probe each (table, column are constants). --
-LOOSE_DISTINCT = """
-WITH RECURSIVE v(value) AS (
-    (SELECT {column} FROM {table} ORDER BY {column} LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.{column} FROM {table} t WHERE t.{column} > v.value ORDER BY t.{column} LIMIT 1)
-    FROM v WHERE v.value IS NOT NULL
-)
-SELECT value FROM v WHERE value IS NOT NULL LIMIT %(limit)s
-"""
-
-# -- Tasks by queue × status: each (queue, status) pair found by a probe, then a capped count. --
-STATUS_COUNTS = """
-WITH RECURSIVE pairs(queue, status) AS (
-    (SELECT queue, status FROM tasks ORDER BY queue, status LIMIT 1)
-    UNION ALL
-    SELECT n.queue, n.status FROM pairs p CROSS JOIN LATERAL (
-        SELECT t.queue, t.status FROM tasks t
-        WHERE (t.queue, t.status) > (p.queue, p.status)
-        ORDER BY t.queue, t.status LIMIT 1
-    ) n
-)
-SELECT p.queue, p.status,
-       (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.queue = p.queue AND t.status = p.status
-                              LIMIT %(cap)s) capped) AS n
-FROM pairs p
-WHERE %(statuses)s::text[] IS NULL OR p.status = ANY(%(statuses)s::text[])
-LIMIT %(limit)s
-"""
-
-# -- Oldest due PENDING task per queue. The queues are found one index probe each (QUEUES);
-# the head of each (queue, PENDING, priority) range of tasks_queue_status_idx is that
-# priority's earliest run_at, and the earliest head that is due is the queue's oldest due task.
-# One probe per queue and per (queue, priority) pair.
-QUEUE_LAG = f"""
-WITH RECURSIVE {QUEUES}, heads(queue, priority, run_at) AS (
-    SELECT h.queue, h.priority, h.run_at FROM queues q CROSS JOIN LATERAL (
-        SELECT t.queue, t.priority, t.run_at FROM tasks t
-        WHERE t.queue = q.queue AND t.status = 'PENDING'
-        ORDER BY t.priority DESC, t.run_at, t.id LIMIT 1
-    ) h
-    WHERE q.queue IS NOT NULL
-    UNION ALL
-    SELECT n.queue, n.priority, n.run_at FROM heads h CROSS JOIN LATERAL (
-        SELECT t.queue, t.priority, t.run_at FROM tasks t
-        WHERE t.queue = h.queue AND t.status = 'PENDING' AND t.priority < h.priority
-        ORDER BY t.priority DESC, t.run_at, t.id LIMIT 1
-    ) n
-)
-SELECT queue,
-       EXTRACT(EPOCH FROM COALESCE(%(now)s::timestamptz, now())
-                          - min(run_at) FILTER (WHERE run_at <= COALESCE(%(now)s::timestamptz, now())))
-FROM heads GROUP BY queue
-"""
-
-# -- Connected workers with their RUNNING runs (partial index task_runs_worker_idx). --
-CONNECTED_WORKERS = """
-SELECT w.id, w.name, w.queues, w.concurrency, w.node_id, w.connected_at, w.last_heartbeat_at,
-       (SELECT count(*) FROM task_runs r
-        WHERE r.worker_id = w.id AND r.finished_at IS NULL AND r.status = 'RUNNING') AS in_flight
-FROM workers w
-WHERE w.status = 'CONNECTED'
-ORDER BY w.name, w.id
-LIMIT %(limit)s
-"""
-
-# -- Fold counter minutes older than two hours into their per-(queue, kind) total row. --
-FOLD_COUNTERS = "SELECT valka_task_counters_fold()"
-
-# -- Per-minute throughput of the last hour, all queues, from the counter table's primary key. --
-THROUGHPUT = """
-SELECT minute, kind, sum(n)::bigint FROM task_counters
-WHERE minute > date_trunc('minute', COALESCE(%(now)s::timestamptz, now())) - make_interval(mins => %(minutes)s)
-  AND kind = ANY(%(kinds)s)
-GROUP BY minute, kind
-"""
-
-# -- Totals since the counters began, by queue and kind. --
-COUNTER_TOTALS = "SELECT queue, kind, sum(n)::bigint FROM task_counters GROUP BY queue, kind"
-
-# -- One cell of the queue × status grid, for the planner's estimate when its count was capped. --
-CELL = "SELECT 1 FROM tasks WHERE queue = %(queue)s AND status = %(status)s"
-
-# -- The planner's row estimate of a table, from the last VACUUM/ANALYZE (-1: never analyzed). --
-RELTUPLES = "SELECT reltuples::bigint FROM pg_class WHERE oid = to_regclass(%(table)s)"
-
-
-def _rows(sql: str, params: Any = None, *, jit: bool = True) -> list[tuple]:
+def _rows(statement: str, params: Any = None, *, jit: bool = True) -> list[tuple]:
     if jit:
         with connection.cursor() as cursor:
-            cursor.execute(sql, params or {})
+            cursor.execute(statement, params or {})
             return cursor.fetchall()
     # The planner prices a capped count as if it read the whole index and would JIT-compile
     # it (tens of milliseconds) for a query that itself takes a few.
     with transaction.atomic(), connection.cursor() as cursor:
-        cursor.execute("SET LOCAL jit = off")
-        cursor.execute(sql, params or {})
+        cursor.execute(sql.JIT_OFF)
+        cursor.execute(statement, params or {})
         return cursor.fetchall()
 
 
 def distinct_values(*, table: str, column: str, limit: int = 200) -> list[str]:
     """Distinct values of an indexed column; `table` and `column` must be code constants."""
-    return [row[0] for row in _rows(LOOSE_DISTINCT.format(table=table, column=column), {"limit": limit})]
+    return [row[0] for row in _rows(sql.LOOSE_DISTINCT.format(table=table, column=column), {"limit": limit})]
 
 
 def queue_names(*, limit: int = 200) -> list[str]:
@@ -151,20 +67,20 @@ def status_counts(*, cap: int | None = COUNT_CAP, statuses: list[str] | None = N
     """
     counts: dict[str, dict[str, int]] = {}
     params = {"cap": cap, "limit": limit, "statuses": statuses}
-    for queue, status, n in _rows(STATUS_COUNTS, params, jit=False):
+    for queue, status, n in _rows(sql.STATUS_COUNTS, params, jit=False):
         counts.setdefault(queue, {})[status] = n
     return counts
 
 
 def queue_lag(*, now: datetime | None = None) -> dict[str, float | None]:
     """{queue: seconds the oldest due PENDING task has waited}, None when nothing is due."""
-    return {queue: (float(lag) if lag is not None else None) for queue, lag in _rows(QUEUE_LAG, {"now": now})}
+    return {queue: (float(lag) if lag is not None else None) for queue, lag in _rows(sql.QUEUE_LAG, {"now": now})}
 
 
 def connected_workers(*, limit: int = 500) -> list[dict[str, Any]]:
     """Connected workers with `in_flight` (RUNNING runs) and `free` (concurrency minus those)."""
     columns = ["id", "name", "queues", "concurrency", "node_id", "connected_at", "last_heartbeat_at", "in_flight"]
-    workers = [dict(zip(columns, row, strict=True)) for row in _rows(CONNECTED_WORKERS, {"limit": limit})]
+    workers = [dict(zip(columns, row, strict=True)) for row in _rows(sql.CONNECTED_WORKERS, {"limit": limit})]
     for worker in workers:
         worker["free"] = max(worker["concurrency"] - worker["in_flight"], 0)
     return workers
@@ -172,14 +88,14 @@ def connected_workers(*, limit: int = 500) -> list[dict[str, Any]]:
 
 def counters_fold() -> None:
     """Fold old counter minutes; a concurrent fold makes this one a no-op (advisory lock)."""
-    _rows(FOLD_COUNTERS)
+    _rows(sql.FOLD_COUNTERS)
 
 
 def throughput(*, now: datetime | None = None, minutes: int = 60,
                kinds: tuple[str, ...] = CHART_KINDS) -> list[tuple[datetime, dict[str, int]]]:
     """Counts per minute of the last `minutes`, oldest first, with a zero for every quiet minute."""
     seen: dict[datetime, dict[str, int]] = {}
-    for minute, kind, n in _rows(THROUGHPUT, {"now": now, "minutes": minutes, "kinds": list(kinds)}):
+    for minute, kind, n in _rows(sql.THROUGHPUT, {"now": now, "minutes": minutes, "kinds": list(kinds)}):
         seen.setdefault(minute, {})[kind] = n
     end = (now or timezone.now()).replace(second=0, microsecond=0)
     slots = [end - timedelta(minutes=i) for i in range(minutes - 1, -1, -1)]
@@ -187,17 +103,17 @@ def throughput(*, now: datetime | None = None, minutes: int = 60,
 
 
 def counter_totals() -> dict[tuple[str, str], int]:
-    return {(queue, kind): n for queue, kind, n in _rows(COUNTER_TOTALS)}
+    return {(queue, kind): n for queue, kind, n in _rows(sql.COUNTER_TOTALS)}
 
 
 def table_estimate(table: str) -> int:
-    rows = _rows(RELTUPLES, {"table": table})
+    rows = _rows(sql.RELTUPLES, {"table": table})
     return int(rows[0][0]) if rows and rows[0][0] is not None else -1
 
 
-def planner_estimate(sql: str, params: Any) -> int:
-    """How many rows PostgreSQL expects `sql` to return (EXPLAIN only: nothing is read)."""
-    plan = _rows(f"EXPLAIN (FORMAT JSON) {sql}", params)[0][0]
+def planner_estimate(statement: str, params: Any) -> int:
+    """How many rows PostgreSQL expects `statement` to return (EXPLAIN only: nothing is read)."""
+    plan = _rows(sql.EXPLAIN.format(statement=statement), params)[0][0]
     plan = json.loads(plan) if isinstance(plan, str) else plan
     return int(plan[0]["Plan"]["Plan Rows"])
 
@@ -258,7 +174,7 @@ def overview(*, now: datetime | None = None) -> dict[str, Any]:
         for cell in cells:
             cell["label"] = str(cell["n"])
             if cell["n"] >= COUNT_CAP:
-                estimate = planner_estimate(CELL, {"queue": queue, "status": cell["status"]})
+                estimate = planner_estimate(sql.CELL, {"queue": queue, "status": cell["status"]})
                 cell["label"] = f"≈{compact(max(estimate, COUNT_CAP))}"
         rows.append({"queue": queue, "cells": cells, "lag": age(lag.get(queue)), "lagging": bool(lag.get(queue))})
     return {
@@ -287,8 +203,8 @@ class EstimatedCountPaginator(Paginator):
         if not qs.query.where:
             estimate = table_estimate(qs.model._meta.db_table)
         else:
-            sql, params = qs.values("pk").query.sql_with_params()
-            estimate = planner_estimate(sql, params)
+            statement, params = qs.values("pk").query.sql_with_params()
+            estimate = planner_estimate(statement, params)
         if estimate > self.cap:
             return estimate
         exact = qs[: self.cap + 1].count()

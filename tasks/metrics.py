@@ -3,11 +3,11 @@
 Several dispatchers and web processes run at once and restart at will, so no
 number here lives in a process. Gauges are read from the tables when scraped;
 the `*_total` counters come from `task_counters`, which a trigger keeps in the
-same transaction as every insert and status change (migration 0005), so they
-survive restarts and add up across nodes. The two histograms describe a recent
-window (`WINDOW_SECONDS`) and are exposed as gauge histograms: read their
+same transaction as every insert and status change (tasks/sql/schema/counters.sql),
+so they survive restarts and add up across nodes. The two histograms describe a
+recent window (`WINDOW_SECONDS`) and are exposed as gauge histograms: read their
 buckets directly (`histogram_quantile(0.9, valka_run_duration_seconds_bucket)`),
-without `rate()`.
+without `rate()`. The statements are in tasks/sql/metrics.py.
 """
 
 from __future__ import annotations
@@ -28,39 +28,13 @@ from rest_framework.exceptions import AuthenticationFailed
 
 from tasks import dashboard
 from tasks.api.auth import ApiKeyAuthentication
-from tasks.states import ACTIVE_STATES, FINAL_STATES
+from tasks.sql import metrics as sql
+from tasks.states import ACTIVE_STATES
 
 WINDOW_SECONDS = 300
 SAMPLE_LIMIT = 10_000  # at most this many runs per histogram per scrape
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
-
-WORKERS_CONNECTED = "SELECT count(*) FROM workers WHERE status = 'CONNECTED'"
-
-# -- Dispatch latency (due → RUNNING) of the runs started in the window, newest first. Run ids
-# are UUIDv7 minted at dispatch, so the primary key finds the window without another index.
-RECENT_DISPATCH_LATENCY = """
-SELECT GREATEST(EXTRACT(EPOCH FROM r.started_at - t.run_at), 0)::float8
-FROM task_runs r JOIN tasks t ON t.id = r.task_id
-WHERE r.id >= %(low_id)s AND r.started_at >= now() - make_interval(secs => %(window)s)
-ORDER BY r.id DESC LIMIT %(limit)s
-"""
-
-# -- Run duration of the last attempt of the tasks that finished in the window (tasks_finished_idx). --
-RECENT_RUN_DURATION = f"""
-SELECT GREATEST(EXTRACT(EPOCH FROM r.finished_at - r.started_at), 0)::float8
-FROM (SELECT id, attempt_count FROM tasks
-      WHERE status IN ({", ".join(f"'{s.value}'" for s in sorted(FINAL_STATES))})
-        AND finished_at >= now() - make_interval(secs => %(window)s)
-      ORDER BY finished_at DESC LIMIT %(limit)s) t
-JOIN task_runs r ON r.task_id = t.id AND r.attempt_number = t.attempt_count
-WHERE r.finished_at IS NOT NULL
-"""
-
-# -- Bucket counts, sum and count over a sample query (bounds are code constants). --
-HISTOGRAM = """
-SELECT count(*), COALESCE(sum(v), 0)::float8, {buckets} FROM ({sample}) AS s(v)
-"""
 
 COUNTER_HELP = {
     "created": "Tasks created (including replays).",
@@ -79,9 +53,9 @@ def uuid7_floor(unix_seconds: float) -> uuid.UUID:
 
 def _histogram(sample_sql: str, bounds: Sequence[float], params: dict[str, Any]) -> tuple[list[tuple[str, float]],
                                                                                           float]:
-    columns = ", ".join(f"count(*) FILTER (WHERE v <= {float(b)!r})" for b in bounds)
+    columns = ", ".join(sql.HISTOGRAM_BUCKET.format(bound=float(b)) for b in bounds)
     with connection.cursor() as cursor:
-        cursor.execute(HISTOGRAM.format(buckets=columns, sample=sample_sql), params)
+        cursor.execute(sql.HISTOGRAM.format(buckets=columns, sample=sample_sql), params)
         total, total_sum, *cumulative = cursor.fetchone()
     buckets = [(repr(float(b)), float(n)) for b, n in zip(bounds, cumulative, strict=True)]
     buckets.append(("+Inf", float(total)))
@@ -101,7 +75,7 @@ class ValkaCollector:
                 tasks.add_metric([queue, status], n)
         yield tasks
         with connection.cursor() as cursor:
-            cursor.execute(WORKERS_CONNECTED)
+            cursor.execute(sql.WORKERS_CONNECTED)
             workers = cursor.fetchone()[0]
 
         lag = GaugeMetricFamily("valka_queue_lag_seconds", "Age of the oldest due PENDING task, by queue.",
@@ -124,11 +98,11 @@ class ValkaCollector:
         params = {"window": WINDOW_SECONDS, "limit": SAMPLE_LIMIT,
                   # a minute of slack for clocks of the dispatchers that minted the run ids
                   "low_id": uuid7_floor(time.time() - WINDOW_SECONDS - 60)}
-        buckets, total = _histogram(RECENT_DISPATCH_LATENCY, LATENCY_BUCKETS, params)
+        buckets, total = _histogram(sql.RECENT_DISPATCH_LATENCY, LATENCY_BUCKETS, params)
         yield GaugeHistogramMetricFamily(
             "valka_dispatch_latency_seconds",
             f"Due time to RUNNING, for runs started in the last {WINDOW_SECONDS} s.", buckets, total)
-        buckets, total = _histogram(RECENT_RUN_DURATION, DURATION_BUCKETS, params)
+        buckets, total = _histogram(sql.RECENT_RUN_DURATION, DURATION_BUCKETS, params)
         yield GaugeHistogramMetricFamily(
             "valka_run_duration_seconds",
             f"Duration of the last run of tasks that finished in the last {WINDOW_SECONDS} s.", buckets, total)

@@ -125,7 +125,7 @@ WHERE w.id = picked.id AND w.status = 'CONNECTED'
 RETURNING w.id
 """
 
-# -- Task event watchers whose session has ended (see migration 0011): until they are gone,
+# -- Task event watchers whose session has ended (see tasks/sql/schema/events.sql): until they are gone,
 # the event triggers build events nobody reads. --
 PRUNE_EVENT_WATCHERS = "SELECT valka_task_event_watchers_prune()"
 
