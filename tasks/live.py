@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, Protocol
 
 from tasks.notify import TASK_EVENT, TASK_LOG
+from tasks.sql import live as sql
 
 QUEUE_LIMIT = 10_000
 OVERFLOW = "__overflow__"
@@ -111,11 +112,11 @@ class Fanout:
 
 
 async def _watch(conn: Any) -> None:
-    await conn.execute("SELECT valka_task_events_watch()")
+    await conn.execute(sql.WATCH_EVENTS)
 
 
 async def _unwatch(conn: Any) -> None:
-    await conn.execute("SELECT valka_task_events_unwatch()")
+    await conn.execute(sql.UNWATCH_EVENTS)
 
 
 def decode_events(payload: str) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from tasks.prepared import fetchone_prepared
 from tasks.specs import TaskSpec, parse_task_spec
 from tasks.sql import lifecycle, producer
 from tasks.states import FINAL_STATES, REPLAYABLE, TaskStatus, sources_of
-from valka.ids import uuid7_many
+from valka.ids import uuid7, uuid7_many
 
 MAX_BATCH = 1000  # tasks per batch call (REST, SDK, task_enqueue_many)
 
@@ -130,7 +130,8 @@ def task_create_many(*, specs: Sequence[TaskSpec]) -> list[tuple[Task, bool]]:
 
 
 def _create(specs: Sequence[TaskSpec], links: Mapping[str, Any] | None = None) -> list[tuple[Task, bool]]:
-    """The one insert path: a single task is a batch of one. `links` (a replay's origin) go to every row."""
+    """Insert `specs`, or find the holders of their idempotency keys: the one insert path, with its
+    retry for keys whose holder is deleted meanwhile. `links` (a replay's origin) go to every row."""
     results: list[tuple[Task, bool] | None] = [None] * len(specs)
     pending = list(range(len(specs)))
     for _ in range(3):
@@ -173,14 +174,17 @@ _TASK_COLUMNS_NULL = dict.fromkeys(_TASK_FIELDS)
 
 
 def _insert_rows(specs: list[TaskSpec], links: Mapping[str, Any]) -> list[Task | None]:
-    """INSERT_TASKS for `specs`, prepared: the new task for each, or None where its key was taken.
+    """One statement, prepared, for `specs`: the new task for each, or None where its key was taken.
 
     The new rows are built from what was sent and the statement's time (their creation
     time, and the due time of those given none), not read back: the statement's triggers
-    run after the insert and change nothing.
+    run after the insert and change nothing. A single task takes INSERT_TASK, which is faster
+    than a batch of one; more take INSERT_TASKS.
     """
     if not specs:
         return []
+    if len(specs) == 1:
+        return [_insert_one(specs[0], links)]
     uuids = uuid7_many(len(specs))
     ids = [str(task_id) for task_id in uuids]
     row = fetchone_prepared(producer.INSERT_TASKS, {"tasks": _rows_json(ids, specs, links)})
@@ -192,6 +196,22 @@ def _insert_rows(specs: list[TaskSpec], links: Mapping[str, Any]) -> list[Task |
         _new_task(task_uuid, s, s.run_at or now, base, heard) if task_id in new_ids else None
         for task_uuid, task_id, s in zip(uuids, ids, specs, strict=True)
     ]
+
+
+def _insert_one(spec: TaskSpec, links: Mapping[str, Any]) -> Task | None:
+    """INSERT_TASK: the new task, or None when its key was taken."""
+    params = {
+        "id": uuid7(), "task_name": spec.task_name, "queue": spec.queue, "priority": spec.priority,
+        "max_retries": spec.max_retries, "timeout_seconds": spec.timeout_seconds,
+        "idempotency_key": spec.idempotency_key, "input": spec.input_text(), "metadata": spec.metadata_text(),
+        "run_at": spec.run_at, "replayed_from_task_id": links.get("replayed_from_task_id"),
+        "replayed_from_dead_letter_id": links.get("replayed_from_dead_letter_id"),
+    }
+    row = fetchone_prepared(producer.INSERT_TASK, params)
+    if row is None:
+        return None
+    run_at, created_at, _notified = row
+    return _new_task(params["id"], spec, run_at, _task_base(created_at, links), _init_heard())
 
 
 def _rows_json(ids: list[str], specs: list[TaskSpec], links: Mapping[str, Any]) -> str:

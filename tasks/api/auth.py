@@ -17,6 +17,7 @@ from rest_framework import authentication, exceptions, permissions
 
 from tasks.models import ApiKey
 from tasks.prepared import fetchone_prepared
+from tasks.sql import api_keys
 from valka.conf import valka_settings
 
 KEY_PREFIX = "vk_"
@@ -33,17 +34,10 @@ def api_key_create(*, name: str) -> tuple[ApiKey, str]:
     return record, key
 
 
-_KEY_FIELDS = [f.attname for f in ApiKey._meta.concrete_fields]
-# Every API call runs this look-up: written in SQL, as building it with the ORM costs more
-# than running it, and prepared once per connection.
-_LIVE_KEY = (f"SELECT {', '.join(_KEY_FIELDS)} FROM {ApiKey._meta.db_table} "
-             "WHERE key_hash = %s AND NOT revoked")
-
-
 def api_key_live(key: str) -> ApiKey | None:
     """The unrevoked ApiKey whose hash is that of `key`, or None (one unique-index look-up)."""
-    row = fetchone_prepared(_LIVE_KEY, [hash_key(key)])
-    return None if row is None else ApiKey.from_db(DEFAULT_DB_ALIAS, _KEY_FIELDS, row)
+    row = fetchone_prepared(api_keys.LIVE_KEY, [hash_key(key)])
+    return None if row is None else ApiKey.from_db(DEFAULT_DB_ALIAS, api_keys.KEY_FIELDS, row)
 
 
 def api_key_valid(authorization: str) -> bool:

@@ -19,6 +19,7 @@ from tasks.api.errors import error_body
 from tasks.api.pagination import Page, paginate
 from tasks.errors import ValidationError, ValkaError
 from tasks.specs import parse_datetime
+from tasks.sql import dashboard as dashboard_sql
 
 ERRORS = {400: s.ErrorSerializer, 401: s.ErrorSerializer, 404: s.ErrorSerializer, 409: s.ErrorSerializer,
           413: s.ErrorSerializer}
@@ -167,7 +168,7 @@ def healthz(request: Any) -> JsonResponse:
     """Public liveness/readiness: answers 200 only when the database answers."""
     try:
         with connection.cursor() as cursor:
-            cursor.execute("SELECT 1")
+            cursor.execute(dashboard_sql.PING)
             cursor.fetchone()
     except Exception as exc:  # any database failure makes us unhealthy
         return JsonResponse({"status": "unhealthy", "database": "error", "message": type(exc).__name__},

@@ -22,6 +22,7 @@ import logging
 import psycopg
 
 from tasks.scheduler.base import sleep_or_stop
+from tasks.sql import maintenance
 
 log = logging.getLogger("valka.scheduler")
 
@@ -83,7 +84,7 @@ class Leader:
         while not stop.is_set():
             if not self.is_leader:
                 cur = await asyncio.wait_for(
-                    conn.execute("SELECT pg_try_advisory_lock(%s)", [self.key]), self.check_timeout)
+                    conn.execute(maintenance.TRY_LEADER_LOCK, [self.key]), self.check_timeout)
                 row = await cur.fetchone()
                 if row and row[0]:
                     self._set_leading(True)
@@ -96,7 +97,7 @@ class Leader:
             else:
                 await sleep_or_stop(stop, self.check_interval)
                 if not stop.is_set():
-                    await asyncio.wait_for(conn.execute("SELECT 1"), self.check_timeout)
+                    await asyncio.wait_for(conn.execute(maintenance.LEADER_ALIVE), self.check_timeout)
 
 
 async def _close_quietly(conn: psycopg.AsyncConnection) -> None:

@@ -1,4 +1,4 @@
-"""The reads behind the admin's overview and list filters (tasks.dashboard).
+"""The reads behind the admin's overview and list filters (tasks.dashboard), and /healthz.
 
 None counts the tasks table whole: each walks an index for a bounded number of
 entries (tasks.dashboard's docstring says how), and throughput comes from
@@ -98,3 +98,6 @@ EXPLAIN = "EXPLAIN (FORMAT JSON) {statement}"
 
 # -- No JIT compilation for the rest of the transaction, for STATUS_COUNTS (see tasks.dashboard._rows). --
 JIT_OFF = "SET LOCAL jit = off"
+
+# -- /healthz: the database answers. --
+PING = "SELECT 1"

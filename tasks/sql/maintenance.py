@@ -1,4 +1,4 @@
-"""The scheduler's statements: retry, reap, promote, janitor, retention.
+"""The scheduler's statements: leader election, retry, reap, promote, janitor, retention.
 
 Every statement works on a bounded batch (`%(limit)s`) picked with
 `FOR UPDATE SKIP LOCKED`, then reached by its physical address (`ctid =
@@ -178,3 +178,11 @@ WITH picked AS MATERIALIZED (
 DELETE FROM tasks WHERE ctid = ANY(ARRAY(SELECT ctid FROM picked))
 RETURNING id
 """
+
+# ---------------------------------------------------------------- leader election
+
+# -- Take the scheduler's advisory lock for this session, if no other session holds it. --
+TRY_LEADER_LOCK = "SELECT pg_try_advisory_lock(%s)"
+
+# -- The leader's lock connection still answers (its session, and so the lock, is alive). --
+LEADER_ALIVE = "SELECT 1"

@@ -43,3 +43,17 @@ def test_a_task_runs_at_most_max_retries_plus_one_times(attempts, max_retries, l
 def test_defaults_come_from_settings(settings):
     settings.VALKA = {**settings.VALKA, "RETRY_BASE_DELAY": 2.0, "RETRY_MAX_DELAY": 30.0, "RETRY_JITTER": 0.1}
     assert RetryPolicy.from_settings() == RetryPolicy(base_delay=2.0, max_delay=30.0, jitter=0.1)
+
+
+@pytest.mark.django_db
+@pytest.mark.parametrize("policy", [RetryPolicy(), RetryPolicy(base_delay=0.5, max_delay=40.0, jitter=0.5)])
+def test_postgresql_computes_the_same_delays(policy):
+    """valka_retry_delay (tasks/sql/schema/retry.sql), which the batch statements use, is delay_for."""
+    from django.db import connection
+
+    cases = [(attempt, u) for attempt in (1, 2, 3, 7, 20, 63, 64, 1000) for u in (0.0, 0.25, 0.5, 0.999)]
+    with connection.cursor() as cursor:
+        for attempt, u in cases:
+            cursor.execute("SELECT valka_retry_delay(%s, %s, %s, %s, %s)",
+                           [attempt, policy.base_delay, policy.max_delay, policy.jitter, u])
+            assert cursor.fetchone()[0] == pytest.approx(policy.delay_for(attempt, u), rel=1e-12), (attempt, u)
