@@ -1,8 +1,21 @@
+"""Every shared fixture, and the `slow` marker. The helpers they use are in tests/helpers.py."""
+
+import itertools
+
 import pytest
+from django.contrib.auth.models import Permission
+from django.test import Client
 from rest_framework.test import APIClient
 
 from tasks.api.auth import api_key_create
+from tests.helpers import Listener, Stack
 
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "slow: starts real scheduler processes (a few seconds each)")
+
+
+# -- The REST API. --
 
 @pytest.fixture
 def anon_client():
@@ -20,3 +33,60 @@ def client_api(api_key):
     client = APIClient()
     client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key}")
     return client
+
+
+# -- The console. --
+
+_names = itertools.count()
+
+
+@pytest.fixture
+def staff_client(django_user_model):
+    """A client logged in as a staff user holding exactly the given permissions ("app.codename")."""
+
+    def make(*perms: str) -> Client:
+        user = django_user_model.objects.create_user(f"staff{next(_names)}", is_staff=True)  # force_login: no password
+        for perm in perms:
+            app_label, codename = perm.split(".")
+            user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
+        client = Client()
+        client.force_login(user)
+        return client
+
+    return make
+
+
+# -- The real stack: dispatcher, scheduler, web and SDK workers as processes (tests.helpers.Stack). --
+
+@pytest.fixture
+def stack(transactional_db, tmp_path, request):
+    """The stack's processes are killed at teardown; their logs are printed when the test failed."""
+    s = Stack(tmp_path)
+    yield s
+    s.stop_all()
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(s.logs())
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.when == "call":
+        item.rep_call = report
+
+
+# -- The scheduler. --
+
+@pytest.fixture
+def listen():
+    """Opens `Listener`s on channels (valka_task_ready by default); closes them at teardown."""
+    opened: list[Listener] = []
+
+    def start(channel: str = "valka_task_ready") -> Listener:
+        opened.append(Listener(channel))
+        return opened[-1]
+
+    yield start
+    for listener in opened:
+        listener.close()

@@ -1,9 +1,50 @@
-"""Small helpers shared by the tests."""
+"""Every helper the tests share, defined once; fixtures are in tests/conftest.py.
 
+- the test database: `database_url`, `no_event_watchers_left`, `db_now`
+- waiting: `wait_for`, and `status_of` / `wait_status` for a task's status
+- the REST API's error shape: `assert_error`
+- the real stack as processes (dispatcher, scheduler, web, SDK workers): `Stack`
+- hand-written gRPC worker sessions: `hello`, `Feeder`, `Raw`
+- the scheduler's loops run once on their own connections: `make_config`, `connect`, `once`,
+  `run_async`, and a LISTEN connection: `Listener`
+
+The scheduler's loops run on their own psycopg connections, so the rows a test builds
+with the factories must be committed: such tests use `django_db(transaction=True)`.
+ORM calls stay outside `asyncio.run`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import queue
+import signal
+import subprocess
+import sys
 import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from pathlib import Path
+from typing import Any
 
+import grpc
+import psycopg
 from django.db import connection
 
+from tasks.models import Task
+from tasks.retry import RetryPolicy
+from tasks.scheduler.base import Loop, SchedulerConfig
+from valka.db import conninfo
+from valka.devdb import free_port
+from valka.devdb import listening as _listening
+from valka.v1 import worker_pb2 as pb
+from valka.v1 import worker_pb2_grpc
+
+ROOT = Path(__file__).resolve().parents[1]
+MiB = 1024 * 1024
+
+
+# -- The test database. --
 
 def database_url() -> str:
     """A libpq URL for the database the test run uses (the test database)."""
@@ -24,3 +65,220 @@ def no_event_watchers_left(timeout: float = 10.0) -> None:
                 return
             assert time.monotonic() < deadline, "a task event watcher from an earlier test is still alive"
             time.sleep(0.05)
+
+
+def db_now() -> datetime:
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT now()")
+        return cursor.fetchone()[0]
+
+
+# -- Waiting. --
+
+def wait_for(predicate: Callable[[], object], timeout: float = 45.0, interval: float = 0.05, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
+        time.sleep(interval)
+
+
+def status_of(task_id) -> str:
+    return Task.objects.values_list("status", flat=True).get(id=task_id)
+
+
+def wait_status(task_id, *statuses, timeout=45.0):
+    wait_for(lambda: status_of(task_id) in statuses, timeout, what=f"task {task_id} in {statuses}")
+    return Task.objects.get(id=task_id)
+
+
+# -- The REST API. --
+
+def assert_error(response, status, code, field=None):
+    assert response.status_code == status, response.content
+    body = response.json()
+    assert set(body) == {"error", "message", "details"}
+    assert body["error"] == code
+    if field:
+        assert field in body["details"], body
+        assert field in body["message"]
+
+
+# -- The real stack, as processes talking gRPC over loopback to each other and to the test database. --
+
+class Stack:
+    """Starts processes against the test database; stops them all at teardown."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.tmp = tmp_path
+        self.procs: list[subprocess.Popen] = []
+        self.env = dict(os.environ, DATABASE_URL=database_url(), PYTHONUNBUFFERED="1",
+                        VALKA_DISPATCH_POLL_INTERVAL="1", VALKA_LOG_LEVEL="INFO",
+                        VALKA_DB_POOL="false", VALKA_API_ANONYMOUS="true")
+
+    def _spawn(self, cmd: list[str], name: str, env: dict[str, str]) -> subprocess.Popen:
+        log = open(self.tmp / f"{name}.log", "ab")
+        proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        proc.log_path = self.tmp / f"{name}.log"  # type: ignore[attr-defined]
+        self.procs.append(proc)
+        return proc
+
+    def dispatcher(self, port: int | None = None, **env: str) -> tuple[subprocess.Popen, str]:
+        port = port or free_port()
+        addr = f"127.0.0.1:{port}"
+        proc = self._spawn([sys.executable, "manage.py", "run_dispatcher", "--addr", addr],
+                           f"dispatcher-{port}", {**self.env, **env})
+        wait_for(lambda: _listening(port) or proc.poll() is not None, 20, what=f"dispatcher on {addr}")
+        assert proc.poll() is None, (self.tmp / f"dispatcher-{port}.log").read_text()
+        return proc, addr
+
+    def web(self, **env: str) -> str:
+        port = free_port()
+        proc = self._spawn([sys.executable, "-m", "uvicorn", "valka.asgi:application", "--host", "127.0.0.1",
+                            "--port", str(port), "--no-access-log"], f"web-{port}",
+                           {**self.env, "VALKA_API_ANONYMOUS": "true", **env})
+        wait_for(lambda: _listening(port) or proc.poll() is not None, 30, what="web app")
+        assert proc.poll() is None, (self.tmp / f"web-{port}.log").read_text()
+        return f"http://127.0.0.1:{port}"
+
+    def scheduler(self, **env: str) -> subprocess.Popen:
+        return self._spawn([sys.executable, "manage.py", "run_scheduler"], f"scheduler-{len(self.procs)}",
+                           {**self.env, **env})
+
+    def worker(self, server: str, *, queues: str = "default", concurrency: int = 4, name: str = "w",
+               heartbeat: float = 30.0, **env: str) -> subprocess.Popen:
+        return self._spawn([sys.executable, "-m", "tests.e2e.worker_app"], f"worker-{name}", {
+            **self.env, "VALKA_TEST_SERVER": server, "VALKA_TEST_QUEUES": queues,
+            "VALKA_TEST_CONCURRENCY": str(concurrency), "VALKA_TEST_NAME": name,
+            "VALKA_TEST_HEARTBEAT": str(heartbeat), **env,
+        })
+
+    def stop_all(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        for proc in self.procs:
+            proc.wait(10)
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {p.log_path.name}\n{p.log_path.read_text()[-3000:]}" for p in self.procs)  # type: ignore
+
+
+def has_scheduler() -> bool:
+    return (ROOT / "tasks/management/commands/run_scheduler.py").exists()
+
+
+# -- Hand-written gRPC worker sessions. --
+
+def hello(queues=("raw",), worker_id="", concurrency=1, name="raw", metadata=""):
+    return pb.WorkerRequest(hello=pb.WorkerHello(worker_id=worker_id, worker_name=name, queues=list(queues),
+                                                 concurrency=concurrency, metadata=metadata))
+
+
+class Feeder:
+    """A request iterator the test can append to and close."""
+
+    def __init__(self, first):
+        self.q: queue.Queue = queue.Queue()
+        for item in first:
+            self.q.put(item)
+
+    def put(self, item):
+        self.q.put(item)
+
+    def close(self):
+        self.q.put(None)
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        item = self.q.get()
+        if item is None:
+            raise StopIteration
+        return item
+
+
+class Raw:
+    """A hand-written worker session on its own channel."""
+
+    def __init__(self, addr: str, first: list, metadata=None) -> None:
+        self.channel = grpc.insecure_channel(addr, options=[("grpc.max_send_message_length", 64 * MiB),
+                                                            ("grpc.max_receive_message_length", 64 * MiB)])
+        self.feeder = Feeder(first)
+        self.call = worker_pb2_grpc.WorkerServiceStub(self.channel).Session(self.feeder, metadata=metadata)
+
+    def send(self, **message) -> None:
+        self.feeder.put(pb.WorkerRequest(**message))
+
+    def next(self, kind: str):
+        """The next response of `kind`, skipping others."""
+        while True:
+            response = next(self.call)
+            if response.WhichOneof("response") == kind:
+                return getattr(response, kind)
+
+    def ack(self) -> None:
+        """A heartbeat round trip: everything sent before it has been read by the dispatcher."""
+        self.send(heartbeat=pb.Heartbeat())
+        self.next("heartbeat_ack")
+
+    def close(self) -> None:
+        self.feeder.close()
+        self.call.cancel()
+        self.channel.close()
+
+
+# -- The scheduler's loops, one pass at a time, on their own connections. --
+
+def make_config(**overrides: Any) -> SchedulerConfig:
+    values: dict[str, Any] = {
+        "batch_size": 500, "max_sleep": 1.0, "reaper_interval": 30.0, "dispatching_timeout": 60.0,
+        "worker_timeout": 120.0, "retention_interval": 600.0, "retention_days": 7.0,
+        "dead_letter_retention_days": 30.0,
+        "retry_params": RetryPolicy(base_delay=1.0, max_delay=3600.0, jitter=0.25).sql_params(),
+    }
+    values.update(overrides)
+    return SchedulerConfig(**values)
+
+
+async def connect(name: str = "valka-tests") -> psycopg.AsyncConnection:
+    return await psycopg.AsyncConnection.connect(conninfo(application_name=name), autocommit=True)
+
+
+def once(loop: Loop, now: datetime | None = None) -> int:
+    """One `run_once` of `loop` on a fresh connection."""
+
+    async def go() -> int:
+        async with await connect() as conn:
+            return await loop.run_once(conn, now)
+
+    return asyncio.run(go())
+
+
+def run_async(fn: Callable[[], Awaitable[Any]]) -> Any:
+    return asyncio.run(fn())
+
+
+class Listener:
+    """A separate connection LISTENing on a channel; `drain()` returns the payloads it received."""
+
+    def __init__(self, channel: str) -> None:
+        self.conn = psycopg.connect(database_url(), autocommit=True)
+        self.conn.execute(f"LISTEN {channel}")
+
+    def drain(self, expect: int, timeout: float = 10.0) -> list[str]:
+        """The payloads received: `expect` of them (waiting up to `timeout`), plus any
+        that arrive within a short grace period after, so extra ones are seen too."""
+        got = [n.payload for n in self.conn.notifies(timeout=timeout, stop_after=expect)] if expect else []
+        return got + [n.payload for n in self.conn.notifies(timeout=0.2)]
+
+    def close(self) -> None:
+        self.conn.close()

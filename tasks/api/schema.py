@@ -1,7 +1,7 @@
 """Corrections to the generated OpenAPI schema, so it states what the API really accepts and answers.
 
 Registered as a drf-spectacular postprocessing hook in settings. The fuzz test
-(tests/edge/test_fuzz_api.py) holds the API to this schema.
+(tests/tasks/api/test_fuzz.py) holds the API to this schema.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from tasks.sql import schema
 # nothing: the files hold the definitions that 0002-0011 left. A later change to that code
 # edits a file and adds a migration like this one (see tasks/sql/schema/__init__.py).
 
-# schema.sha256() when this migration was written: tests/integration/test_schema_files.py fails
+# schema.sha256() when this migration was written: tests/tasks/test_schema_files.py fails
 # when the files change and no later migration applies them again.
 SCHEMA_SHA256 = "c5ff33c1692aed44bd0119b3b057b986bd6529b6675d9fd26ce39f174c761985"
 

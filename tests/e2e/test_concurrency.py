@@ -8,8 +8,7 @@ from django.db import connection
 
 from tasks import services
 from tasks.models import Task, TaskRun, Worker
-from tests.e2e.conftest import wait_for
-from tests.e2e.test_dispatch import wait_status
+from tests.helpers import has_scheduler, wait_for, wait_status
 
 N = 2000
 
@@ -76,9 +75,7 @@ def test_dispatcher_sigterm_drains_and_workers_move_on(stack):
 
 
 def test_heartbeats_keep_a_long_task_alive_past_its_timeout(stack):
-    from tests.e2e.test_dispatch import _has_scheduler
-
-    if not _has_scheduler():
+    if not has_scheduler():
         import pytest
 
         pytest.skip("the lease reaper (scheduler) is not available yet")

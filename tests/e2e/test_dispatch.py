@@ -9,18 +9,9 @@ import pytest
 
 from tasks import services
 from tasks.models import DeadLetter, Task, TaskLog, TaskRun
-from tests.e2e.conftest import wait_for
+from tests.helpers import Feeder, has_scheduler, wait_for, wait_status
 
 FINAL = {"COMPLETED", "FAILED", "DEAD_LETTER", "CANCELLED"}
-
-
-def status_of(task_id) -> str:
-    return Task.objects.values_list("status", flat=True).get(id=task_id)
-
-
-def wait_status(task_id, *statuses, timeout=45.0):
-    wait_for(lambda: status_of(task_id) in statuses, timeout, what=f"task {task_id} in {statuses}")
-    return Task.objects.get(id=task_id)
 
 
 def test_happy_path(stack):
@@ -135,7 +126,7 @@ def test_killed_worker_tasks_are_released_at_once(stack, tmp_path):
     first = TaskRun.objects.get(task_id=task.id, attempt_number=1)
     wait_for(lambda: TaskRun.objects.get(id=first.id).status == "LOST", what="run 1 lost")
     assert TaskRun.objects.get(id=first.id).error_message == "worker disconnected"
-    if not _has_scheduler():
+    if not has_scheduler():
         pytest.skip("the retry engine (scheduler) is not available yet")
     stack.scheduler(VALKA_SCHEDULER_MAX_SLEEP="0.2")
     stack.worker(addr, name="rescuer", concurrency=1)
@@ -156,13 +147,13 @@ def test_reconnect_with_the_same_worker_id_replaces_the_session(stack):
                                                   concurrency=1))
     with grpc.insecure_channel(addr) as channel:
         stub = worker_pb2_grpc.WorkerServiceStub(channel)
-        requests_a = _Feeder([hello])
+        requests_a = Feeder([hello])
         call_a = stub.Session(iter(requests_a))
         assignment = next(call_a).task_assignment
         assert assignment.task_id == str(task.id) and assignment.attempt_number == 1
         wait_status(task.id, "RUNNING")
         # Same worker id on a new stream (the old one looks alive to the server): the old run is lost.
-        requests_b = _Feeder([hello])
+        requests_b = Feeder([hello])
         call_b = stub.Session(iter(requests_b))
         t = wait_status(task.id, "RETRY")
         assert TaskRun.objects.get(task_id=task.id).status == "LOST"
@@ -173,40 +164,8 @@ def test_reconnect_with_the_same_worker_id_replaces_the_session(stack):
         call_b.cancel()
 
 
-class _Feeder:
-    """A request iterator the test can append to and close."""
-
-    def __init__(self, first):
-        import queue
-
-        self.q: queue.Queue = queue.Queue()
-        for item in first:
-            self.q.put(item)
-
-    def put(self, item):
-        self.q.put(item)
-
-    def close(self):
-        self.q.put(None)
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        item = self.q.get()
-        if item is None:
-            raise StopIteration
-        return item
-
-
-def _has_scheduler() -> bool:
-    from pathlib import Path
-
-    return (Path(__file__).resolve().parents[2] / "tasks/management/commands/run_scheduler.py").exists()
-
-
 def test_retry_then_success_with_the_scheduler(stack, tmp_path):
-    if not _has_scheduler():
+    if not has_scheduler():
         pytest.skip("the retry engine (scheduler) is not available yet")
     _, addr = stack.dispatcher(VALKA_RETRY_BASE_DELAY="0.2")
     stack.scheduler(VALKA_SCHEDULER_MAX_SLEEP="0.2")

@@ -11,8 +11,7 @@ import httpx
 
 from tasks import services
 from tasks.models import TaskRun
-from tests.e2e.conftest import wait_for
-from tests.e2e.test_dispatch import wait_status
+from tests.helpers import wait_for, wait_status
 from valka.v1 import api_pb2, api_pb2_grpc, common_pb2
 
 

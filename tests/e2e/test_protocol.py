@@ -7,7 +7,6 @@ import re
 import subprocess
 import sys
 import uuid
-from pathlib import Path
 
 import grpc
 import pytest
@@ -15,12 +14,9 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from tasks import services
 from tasks.models import Task, TaskRun
-from tests.e2e.conftest import wait_for
-from tests.e2e.test_dispatch import _Feeder, wait_status
+from tests.helpers import ROOT, Feeder, wait_for, wait_status
 from valka.v1 import api_pb2, api_pb2_grpc, common_pb2, events_pb2, worker_pb2_grpc
 from valka.v1 import worker_pb2 as pb
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _session(addr, requests, metadata=None):
@@ -79,7 +75,7 @@ def test_raw_client_session_results_heartbeats_and_foreign_ids(stack):
     other = services.task_enqueue(task_name="other", queue="elsewhere")
     task = services.task_enqueue(task_name="raw_task", queue="raw", input={"n": 1}, metadata={"m": 2},
                                  timeout_seconds=77)
-    feeder = _Feeder([_hello(queues=["raw"], worker_id="raw-1")])
+    feeder = Feeder([_hello(queues=["raw"], worker_id="raw-1")])
     channel, call = _session(addr, feeder)
     a = next(call).task_assignment
     assert (a.task_id, a.queue_name, a.task_name, a.attempt_number, a.timeout_seconds) == (

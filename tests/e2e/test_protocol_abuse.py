@@ -17,18 +17,11 @@ from signals.models import Signal
 from signals.services import signal_send
 from tasks import services
 from tasks.models import Task, TaskLog, TaskRun
-from tests.e2e.conftest import wait_for
-from tests.e2e.test_dispatch import _Feeder, wait_status
-from valka.v1 import api_pb2, api_pb2_grpc, common_pb2, worker_pb2_grpc
+from tests.helpers import MiB, Raw, hello, wait_for, wait_status
+from valka.v1 import api_pb2, api_pb2_grpc, common_pb2
 from valka.v1 import worker_pb2 as pb
 
-MiB = 1024 * 1024
 SESSION = "/valka.v1.WorkerService/Session"
-
-
-def hello(queues=("raw",), worker_id="", concurrency=1, name="raw", metadata=""):
-    return pb.WorkerRequest(hello=pb.WorkerHello(worker_id=worker_id, worker_name=name, queues=list(queues),
-                                                 concurrency=concurrency, metadata=metadata))
 
 
 def final_status(call) -> tuple[grpc.StatusCode, str]:
@@ -39,36 +32,6 @@ def final_status(call) -> tuple[grpc.StatusCode, str]:
     except grpc.RpcError as err:
         return err.code(), err.details() or ""
     return call.code(), call.details() or ""
-
-
-class Raw:
-    """A hand-written worker session on its own channel."""
-
-    def __init__(self, addr: str, first: list, metadata=None) -> None:
-        self.channel = grpc.insecure_channel(addr, options=[("grpc.max_send_message_length", 64 * MiB),
-                                                            ("grpc.max_receive_message_length", 64 * MiB)])
-        self.feeder = _Feeder(first)
-        self.call = worker_pb2_grpc.WorkerServiceStub(self.channel).Session(self.feeder, metadata=metadata)
-
-    def send(self, **message) -> None:
-        self.feeder.put(pb.WorkerRequest(**message))
-
-    def next(self, kind: str):
-        """The next response of `kind`, skipping others."""
-        while True:
-            response = next(self.call)
-            if response.WhichOneof("response") == kind:
-                return getattr(response, kind)
-
-    def ack(self) -> None:
-        """A heartbeat round trip: everything sent before it has been read by the dispatcher."""
-        self.send(heartbeat=pb.Heartbeat())
-        self.next("heartbeat_ack")
-
-    def close(self) -> None:
-        self.feeder.close()
-        self.call.cancel()
-        self.channel.close()
 
 
 @pytest.fixture

@@ -9,8 +9,7 @@ import pytest
 
 from tasks import services
 from tasks.models import Task, Worker
-from tests.e2e.conftest import wait_for
-from tests.e2e.test_dispatch import wait_status
+from tests.helpers import wait_for, wait_status
 from valka.sdk import AsyncClient, Client, ValkaAPIError
 
 

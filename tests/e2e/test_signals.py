@@ -11,8 +11,7 @@ from signals import services
 from signals.models import Signal
 from tasks import services as task_services
 from tasks.models import TaskRun
-from tests.e2e.conftest import wait_for
-from tests.e2e.test_dispatch import _has_scheduler, wait_status
+from tests.helpers import has_scheduler, wait_for, wait_status
 
 
 @pytest.fixture
@@ -86,7 +85,7 @@ def test_two_dispatchers_the_holder_delivers(stack, tmp_path):
 
 
 def test_worker_killed_before_ack_gets_the_signal_again_on_the_retry(stack, tmp_path):
-    if not _has_scheduler():
+    if not has_scheduler():
         pytest.skip("the retry engine (scheduler) is not available yet")
     _, addr = stack.dispatcher(VALKA_RETRY_BASE_DELAY="0.2")
     stack.scheduler(VALKA_SCHEDULER_MAX_SLEEP="0.2")

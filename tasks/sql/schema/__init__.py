@@ -5,7 +5,7 @@ constraints stay in the migrations. Every statement in them is re-runnable (`CRE
 REPLACE`), so applying the files again over a database that holds them changes nothing.
 
 To change a function, trigger or view: edit its file, then add a migration that applies
-the files again and records their fingerprint (tests/integration/test_schema_files.py prints it):
+the files again and records their fingerprint (tests/tasks/test_schema_files.py prints it):
 
     from tasks.sql import schema
 
@@ -21,7 +21,7 @@ exist when 0013 runs (one on a later table needs a file that 0013 does not apply
 Renaming a function or changing its arguments creates a new one beside the old: drop the
 old one in the migration.
 
-tests/integration/test_schema_files.py fails when the migrated database and the files
+tests/tasks/test_schema_files.py fails when the migrated database and the files
 disagree, and when the files changed after the latest migration that applies them (its
 SCHEMA_SHA256). Migrations 0002-0011 keep the SQL they ran, as history.
 """
