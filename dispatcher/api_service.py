@@ -12,15 +12,13 @@ from dispatcher.errors import grpc_message, grpc_status
 from signals.services import signal_send
 from tasks import selectors, services
 from tasks.api.auth import api_key_valid
-from tasks.api.pagination import MAX_OFFSET
+from tasks.api.pagination import MAX_OFFSET, Page
 from tasks.errors import ValidationError, ValkaError
 from tasks.live import OVERFLOW, Fanout, decode_events, tail_run_log
 from tasks.models import TaskLog
 from tasks.notify import TASK_EVENT, TASK_LOG
 from valka.conf import valka_settings
 from valka.v1 import api_pb2, api_pb2_grpc
-
-DEFAULT_PAGE, MAX_PAGE = 50, 1000
 
 
 def _db(fn):
@@ -67,8 +65,8 @@ def send_signal(request: api_pb2.SendSignalRequest):
 
 def list_tasks(request: api_pb2.ListTasksRequest):
     status = protocol.FROM_PROTO_STATUS.get(request.status) if request.status else None
-    size = request.pagination.page_size or DEFAULT_PAGE
-    size = max(1, min(size, MAX_PAGE))
+    size = request.pagination.page_size or Page.default_limit  # the REST API's page sizes
+    size = max(1, min(size, Page.max_limit))
     token = request.pagination.page_token
     try:
         offset = int(token) if token else 0
@@ -139,9 +137,7 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
                 payload = await inbox.get()
                 if payload == OVERFLOW:
                     continue
-                for event in decode_events(payload):
-                    if request.queue_name and event.get("queue_name") != request.queue_name:
-                        continue
+                for event in decode_events(payload, queue=request.queue_name or None):
                     yield protocol.task_event(event)
         finally:
             self.fanout.unsubscribe(TASK_EVENT, inbox)

@@ -119,13 +119,15 @@ async def _unwatch(conn: Any) -> None:
     await conn.execute(sql.UNWATCH_EVENTS)
 
 
-def decode_events(payload: str) -> list[dict[str, Any]]:
-    """The events of one notification (a JSON array written by the task event triggers)."""
+def decode_events(payload: str, *, queue: str | None = None) -> list[dict[str, Any]]:
+    """The events of one notification (a JSON array written by the task event triggers), only
+    those of `queue` when one is given."""
     try:
         events = json.loads(payload)
     except ValueError:
         return []
-    return events if isinstance(events, list) else [events]
+    events = events if isinstance(events, list) else [events]
+    return [e for e in events if e.get("queue_name") == queue] if queue else events
 
 
 _hubs: dict[int, Fanout] = {}

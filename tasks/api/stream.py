@@ -88,9 +88,7 @@ async def events(request: HttpRequest) -> Any:
                 if payload == OVERFLOW:
                     yield _sse("overflow", {"message": "events were dropped: this client is too slow"})
                     continue
-                for event in decode_events(payload):
-                    if queue_filter and event.get("queue_name") != queue_filter:
-                        continue
+                for event in decode_events(payload, queue=queue_filter):
                     yield _sse("task", event, event.get("event_id"))
         finally:
             fanout.unsubscribe(TASK_EVENT, inbox)

@@ -1,4 +1,5 @@
-"""A process's fanout watches task events only while it has subscribers (and a short while after)."""
+"""A process's fanout: it watches task events only while it has subscribers (and a short while after),
+and hands each subscriber the events it asked for."""
 
 import asyncio
 import json
@@ -6,7 +7,7 @@ import json
 import psycopg
 import pytest
 
-from tasks.live import Fanout
+from tasks.live import Fanout, decode_events
 from tasks.notify import TASK_EVENT
 from tests.helpers import database_url, no_event_watchers_left
 
@@ -71,3 +72,13 @@ async def _scenario() -> None:
 def test_the_fanout_watches_events_only_while_it_has_subscribers():
     no_event_watchers_left()
     asyncio.run(_scenario())
+
+
+def test_decode_events_keeps_the_events_of_the_queue_asked_for():
+    payload = json.dumps([{"task_id": "a", "queue_name": "emails"}, {"task_id": "b", "queue_name": "reports"}])
+    assert [e["task_id"] for e in decode_events(payload)] == ["a", "b"]
+    assert [e["task_id"] for e in decode_events(payload, queue="reports")] == ["b"]
+    assert decode_events(payload, queue="other") == []
+    assert decode_events(json.dumps({"task_id": "c", "queue_name": "emails"}), queue="emails") == [
+        {"task_id": "c", "queue_name": "emails"}]
+    assert decode_events("not json") == []
