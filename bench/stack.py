@@ -9,27 +9,15 @@ import signal
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
 
 from valka import devdb
-from valka.devdb import listening
+from valka.devdb import listening, wait_for
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.05) -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
 
 
 def rss_kib(pid: int) -> int:

@@ -35,7 +35,7 @@ from tasks.models import Task
 from tasks.retry import RetryPolicy
 from tasks.scheduler.base import Loop, SchedulerConfig
 from valka.db import conninfo
-from valka.devdb import free_port
+from valka.devdb import free_port, wait_for
 from valka.devdb import listening as _listening
 from valka.v1 import worker_pb2 as pb
 from valka.v1 import worker_pb2_grpc
@@ -74,17 +74,6 @@ def db_now() -> datetime:
 
 
 # -- Waiting. --
-
-def wait_for(predicate: Callable[[], object], timeout: float = 45.0, interval: float = 0.05, what: str = "") -> object:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what or predicate}")
-        time.sleep(interval)
-
 
 def status_of(task_id) -> str:
     return Task.objects.values_list("status", flat=True).get(id=task_id)

@@ -21,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,6 +111,20 @@ def listening(port: int, host: str = "127.0.0.1") -> bool:
     with socket.socket() as s:
         s.settimeout(0.2)
         return s.connect_ex((host, port)) == 0
+
+
+def wait_for(predicate: Callable[[], object], timeout: float = 45.0, what: str = "", *,
+             interval: float = 0.05) -> object:
+    """Poll `predicate` until it returns something true, and return that; TimeoutError after
+    `timeout` seconds. How the test suite and the benchmark wait for their processes and rows."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = predicate()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out after {timeout:.0f}s waiting for {what or predicate}")
+        time.sleep(interval)
 
 
 @dataclass
