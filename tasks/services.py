@@ -284,14 +284,19 @@ def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, base: dict[str, A
 
 
 def task_cancel(*, task_id: uuid.UUID | str, reason: str | None = "cancelled") -> Task:
-    """PENDING, DISPATCHING or RUNNING → CANCELLED; the task's live run is closed too.
+    """PENDING, DISPATCHING or RUNNING → CANCELLED; the task's live run is closed too, even one a
+    start committed while the cancel waited for it (lifecycle.CLOSE_RUN_OF_CANCELLED).
 
-    Locks the task row for the statement only. If another process moved the
+    Locks the task row until the transaction ends. If another process moved the
     task first, nothing changes and INVALID_STATE names the status it found.
     """
     task_id = _uuid(task_id)
+    params = {"id": task_id, "reason": reason}
     with transaction.atomic():
-        rows = list(Task.objects.raw(lifecycle.CANCEL_TASK, {"id": task_id, "reason": reason}))
+        rows = list(Task.objects.raw(lifecycle.CANCEL_TASK, params))
+        if rows and rows[0].started_at is not None:  # it had started: a run may have just been written
+            with connection.cursor() as cursor:
+                cursor.execute(lifecycle.CLOSE_RUN_OF_CANCELLED, params)
     if rows:
         return rows[0]
     current = selectors.task_get(task_id=task_id)

@@ -28,6 +28,24 @@ SELECT moved.*, (SELECT count(*) FROM (SELECT pg_notify('{TASK_CANCELLED}', move
 FROM moved
 """
 
+# -- After CANCEL_TASK, in its transaction: close the run a start committed while the cancel waited. --
+# A dispatcher's start (DISPATCHING → RUNNING with its run row) that held the task when the cancel
+# came commits first; CANCEL_TASK then moves the task, but its snapshot, taken before the start
+# committed, cannot see the new run. This statement, with a snapshot of its own, can. A run held
+# by someone else right now (a result being written) is skipped rather than waited for: locking
+# it after the task would invert the order of the statements that close runs, and its closer
+# finds the task CANCELLED and leaves it so.
+CLOSE_RUN_OF_CANCELLED = """
+WITH live_run AS (
+    SELECT r.id FROM task_runs r JOIN tasks t ON t.id = r.task_id
+    WHERE r.task_id = %(id)s AND r.finished_at IS NULL AND r.status = 'RUNNING' AND t.status = 'CANCELLED'
+    FOR UPDATE OF r SKIP LOCKED
+)
+UPDATE task_runs SET status = 'CANCELLED', finished_at = now(), error_message = %(reason)s
+WHERE id IN (SELECT id FROM live_run)
+RETURNING id
+"""
+
 # -- Delete a task in a final state (runs, logs and signals go with it by FK cascade). --
 DELETE_FINAL_TASK = f"""
 DELETE FROM tasks WHERE id = %(id)s
