@@ -109,3 +109,41 @@ def test_watchers_whose_session_ended_are_pruned():
         cur.execute("SELECT valka_task_event_watchers_prune()")
         assert cur.fetchone()[0] == 1
     assert _watchers() == 0
+
+
+WORKER = "\x01" * 255  # a worker id of 255 characters, each escaped to six bytes in JSON
+
+
+@pytest.mark.parametrize("escaped", [
+    [0, 342, 388],  # events of about 1.4, 3.7 and 4.3 kB: the last two shared a NOTIFY of over 8,000 bytes
+    [400] * 6,
+    [0] * 50 + [450] * 4,
+])
+def test_large_events_are_split_under_the_notify_limit(escaped):
+    """A NOTIFY over 8,000 bytes fails the whole statement: events with long error messages and
+    worker names (control characters escape to six bytes, quotes to two) still all arrive."""
+    tasks = task_enqueue_many([{"task_name": "t", "queue": "big-events"}] * len(escaped))
+    with connection.cursor() as cur:
+        for task, n in zip(tasks, escaped, strict=True):
+            # A worker id of 255 characters that JSON escapes, and an error message sized to the event.
+            cur.execute("UPDATE tasks SET status = 'DISPATCHING' WHERE id = %s", [task.id])
+            cur.execute("UPDATE tasks SET status = 'RUNNING', attempt_count = 1 WHERE id = %s", [task.id])
+            cur.execute("INSERT INTO task_runs (id, task_id, attempt_number, worker_id, status, lease_expires_at) "
+                        "VALUES (gen_random_uuid(), %s, 1, %s, 'RUNNING', now() + interval '1 hour')",
+                        [task.id, WORKER])
+            cur.execute("UPDATE tasks SET error_message = %s WHERE id = %s", ["\x02" * n, task.id])
+    with psycopg.connect(database_url(), autocommit=True) as listener:
+        listener.execute("LISTEN valka_task_event")
+        listener.execute("SELECT valka_task_events_watch()")
+        with connection.cursor() as cur:
+            cur.execute("UPDATE task_runs SET status = 'FAILED', finished_at = now() WHERE task_id = ANY(%s)",
+                        [[t.id for t in tasks]])
+            cur.execute("UPDATE tasks SET status = 'FAILED', finished_at = now() WHERE queue = 'big-events'")
+        payloads = []
+        for note in listener.notifies(timeout=2, stop_after=None):
+            if note.channel == "valka_task_event":
+                payloads.append(note.payload)
+    events = [e for p in payloads for e in json.loads(p)]
+    assert sorted(e["task_id"] for e in events) == sorted(str(t.id) for t in tasks)
+    assert max(len(p.encode()) for p in payloads) < 8000
+    assert {e["worker_id"] for e in events} == {WORKER}

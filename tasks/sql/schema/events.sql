@@ -3,7 +3,7 @@
 -- (the table task_event_watchers is created by migration 0011).
 --
 -- The triggers are statement-level: the events of one statement (a batch of a thousand
--- completions) travel together as JSON arrays of about 5 kB each, in the same transaction as the
+-- completions) travel together as JSON arrays of at most 8 kB each, in the same transaction as the
 -- change itself, so the dispatcher's hot path pays no extra round trip and a rolled-back change
 -- announces nothing. Subscribers (SSE, gRPC SubscribeEvents, the admin) share one LISTEN
 -- connection per process (tasks/live.py).
@@ -48,22 +48,35 @@ $$ LANGUAGE sql;
 -- ---------------------------------------------------------------- events
 --
 -- Each trigger first returns when no watcher is registered (the guard: one probe of a tiny table).
--- Then one statement's events as JSON arrays, a NOTIFY per ~5 kB (payloads must stay under 8 kB),
--- built set-based: no per-row function calls or loops. A new task's event carries the statement's
--- time; a change's carries the clock's.
+-- Then one statement's events as JSON arrays, NOTIFYed in chunks, built set-based: no per-row
+-- function calls or loops. A new task's event carries the statement's time; a change's carries
+-- the clock's.
+--
+-- A NOTIFY payload must stay under 8,000 bytes, or the whole statement fails. One event is at
+-- most 3,900 bytes: its error message (the first 500 characters) is left out when it would make
+-- the event longer, and without it an event holds at most about 3,650 (names of 255 characters,
+-- each character escaped to 6 bytes at worst). A chunk is the events that start within the same
+-- 4,000 bytes of the statement's events (counting the comma after each): at most 4,000 bytes of
+-- events begin in it and the last is at most 3,901 long, so a chunk's array is under 7,902 bytes.
 
 CREATE OR REPLACE FUNCTION valka_task_events_on_insert() RETURNS trigger AS $$
 BEGIN
     IF NOT EXISTS (SELECT FROM task_event_watchers) THEN RETURN NULL; END IF;
     PERFORM pg_notify('valka_task_event', '[' || string_agg(ev, ',' ORDER BY id) || ']')
     FROM (
-        SELECT id, ev, (sum(octet_length(ev)) OVER (ORDER BY id) / 5000)::int AS chunk
-        FROM (SELECT n.id, json_build_object(
+        SELECT id, ev, ((sum(octet_length(ev) + 1) OVER (ORDER BY id) - octet_length(ev) - 1) / 4000)::int AS chunk
+        FROM (SELECT n.id, CASE WHEN octet_length(e.ev) <= 3900 THEN e.ev ELSE json_build_object(
+                'event_id', gen_random_uuid(), 'task_id', n.id, 'queue_name', n.queue,
+                'previous_status', NULL, 'new_status', n.status, 'worker_id', '',
+                'node_id', COALESCE(n.claimed_by, ''), 'attempt_number', n.attempt_count,
+                'error_message', '',
+                'timestamp_ms', (extract(epoch FROM statement_timestamp()) * 1000)::bigint)::text END AS ev
+              FROM new_rows n CROSS JOIN LATERAL (SELECT json_build_object(
                 'event_id', gen_random_uuid(), 'task_id', n.id, 'queue_name', n.queue,
                 'previous_status', NULL, 'new_status', n.status, 'worker_id', '',
                 'node_id', COALESCE(n.claimed_by, ''), 'attempt_number', n.attempt_count,
                 'error_message', left(COALESCE(n.error_message, ''), 500),
-                'timestamp_ms', (extract(epoch FROM statement_timestamp()) * 1000)::bigint)::text AS ev FROM new_rows n) events
+                'timestamp_ms', (extract(epoch FROM statement_timestamp()) * 1000)::bigint)::text AS ev) e) events
     ) chunked
     GROUP BY chunk;
     RETURN NULL;
@@ -80,13 +93,21 @@ BEGIN
     previous := (SELECT jsonb_object_agg(o.id::text, o.status) FROM old_rows o);
     PERFORM pg_notify('valka_task_event', '[' || string_agg(ev, ',' ORDER BY id) || ']')
     FROM (
-        SELECT id, ev, (sum(octet_length(ev)) OVER (ORDER BY id) / 5000)::int AS chunk
-        FROM (SELECT n.id, json_build_object(
+        SELECT id, ev, ((sum(octet_length(ev) + 1) OVER (ORDER BY id) - octet_length(ev) - 1) / 4000)::int AS chunk
+        FROM (SELECT n.id, CASE WHEN octet_length(e.ev) <= 3900 THEN e.ev ELSE json_build_object(
+                'event_id', gen_random_uuid(), 'task_id', n.id, 'queue_name', n.queue,
+                'previous_status', previous ->> n.id::text, 'new_status', n.status, 'worker_id', COALESCE(r.worker_id, ''),
+                'node_id', COALESCE(n.claimed_by, ''), 'attempt_number', n.attempt_count,
+                'error_message', '',
+                'timestamp_ms', (extract(epoch FROM clock_timestamp()) * 1000)::bigint)::text END AS ev
+              FROM new_rows n LEFT JOIN task_runs r ON r.task_id = n.id AND r.attempt_number = n.attempt_count
+              CROSS JOIN LATERAL (SELECT json_build_object(
                 'event_id', gen_random_uuid(), 'task_id', n.id, 'queue_name', n.queue,
                 'previous_status', previous ->> n.id::text, 'new_status', n.status, 'worker_id', COALESCE(r.worker_id, ''),
                 'node_id', COALESCE(n.claimed_by, ''), 'attempt_number', n.attempt_count,
                 'error_message', left(COALESCE(n.error_message, ''), 500),
-                'timestamp_ms', (extract(epoch FROM clock_timestamp()) * 1000)::bigint)::text AS ev FROM new_rows n LEFT JOIN task_runs r ON r.task_id = n.id AND r.attempt_number = n.attempt_count WHERE n.status IS DISTINCT FROM previous ->> n.id::text) events
+                'timestamp_ms', (extract(epoch FROM clock_timestamp()) * 1000)::bigint)::text AS ev) e
+              WHERE n.status IS DISTINCT FROM previous ->> n.id::text) events
     ) chunked
     GROUP BY chunk;
     RETURN NULL;
