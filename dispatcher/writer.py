@@ -121,7 +121,8 @@ class Writer:
     async def _isolate(self) -> None:
         """Write the buffered starts, results and log lines one at a time, each in its own
         transaction. An item PostgreSQL refuses is dropped; a refused result fails its task
-        with a plain message instead, so the run is closed either way."""
+        with a plain message instead, so the run is closed either way; a refused start counts
+        as one that lost its race: its worker is told to stop the task."""
         buckets = {"_starts": self._starts, "_results": self._results, "_logs": self._logs}
         self._starts, self._results, self._logs = [], [], []
         waiting: dict[str, list[Any]] = {name: [] for name in buckets}
@@ -137,6 +138,10 @@ class Writer:
                     except psycopg.Error as exc:
                         setattr(self, name, [])
                         log.error("dispatcher: dropped a %s PostgreSQL refused: %s", name.strip("_"), exc)
+                        if name == "_starts":
+                            # The task stays DISPATCHING (the reaper puts it back): the worker that
+                            # has its assignment must stop, and the run's result waits for nothing.
+                            self._settle_starts([item], set())
                         if isinstance(item, Result):
                             self._results = [Result(item.run_id, item.worker_id, False, False,
                                                     f"the worker's result could not be stored ({exc.sqlstate})",

@@ -1,24 +1,25 @@
 """The dispatcher's writer against the test database, without gRPC."""
 
 import asyncio
+import uuid
 
 import pytest
 
 from dispatcher import sql
 from dispatcher.protocol import Result
 from dispatcher.relay import Relay
-from dispatcher.session import SessionRegistry
+from dispatcher.session import InFlight, SessionRegistry
 from dispatcher.writer import Writer, WriterSettings
-from tasks.models import Task
-from tests.factories import TaskRunFactory
+from tasks.models import Task, TaskRun
+from tests.factories import TaskFactory, TaskRunFactory
 from valka.db import make_pool
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def _writer(pool) -> Writer:
+def _writer(pool, cancel=lambda task_id, why: None) -> Writer:
     """A writer on its own, with the collaborators a node would give it."""
-    return Writer(pool=pool, relay=Relay(pool=pool, sessions=SessionRegistry()), cancel=lambda task_id, why: None,
+    return Writer(pool=pool, relay=Relay(pool=pool, sessions=SessionRegistry()), cancel=cancel,
                   settings=WriterSettings(node_id="test-node", lease_extension=60,
                                           retry_params={"retry_base": 1, "retry_cap": 10, "retry_jitter": 0.25}))
 
@@ -49,3 +50,59 @@ def test_a_row_postgresql_refuses_does_not_hold_back_the_others():
     assert done.status == "COMPLETED" and done.output == {"ok": True}
     refused = Task.objects.get(id=bad.task_id)
     assert refused.status == "FAILED" and "could not be stored" in refused.error_message
+
+
+@pytest.mark.parametrize("path", ["reaped while the dispatcher stalled", "claim lost, claimed elsewhere",
+                                  "start refused"])
+def test_an_assignment_whose_start_is_not_written_is_cancelled_and_its_result_ignored(path):
+    """The assignment left before its start was written, and the start then fails: the task went back
+    to PENDING (the reaper's DISPATCHING timeout during a stall), another node holds it (this node's
+    claim was lost in a crash, as claims commit without waiting for the flush), or PostgreSQL refuses
+    the start. The worker is told to stop, its result changes nothing, and the writer does not spin
+    on a result that can never be written."""
+    status, claimed_by, worker = {
+        "reaped while the dispatcher stalled": ("PENDING", None, "w"),
+        "claim lost, claimed elsewhere": ("DISPATCHING", "other-node", "w"),
+        "start refused": ("DISPATCHING", "test-node", "w" * 300),  # longer than workers' ids may be
+    }[path]
+    task = TaskFactory(status=status, claimed_by=claimed_by)
+    cancelled: list[str] = []
+
+    async def scenario() -> tuple[bool, int]:
+        pool = make_pool("writer-test", min_size=1, max_size=2, session=sql.WRITER_SESSION)
+        await pool.open()
+        writer = _writer(pool, cancel=lambda task_id, why: cancelled.append(task_id))
+        passes = 0
+        flush_once = writer.flush_once
+
+        async def counted() -> None:
+            nonlocal passes
+            passes += 1
+            await flush_once()
+
+        writer.flush_once = counted
+        stop = asyncio.Event()
+        runner = asyncio.create_task(writer.run(stop))
+        entry = InFlight(task_id=str(task.id), run_id=str(uuid.uuid4()), queue=task.queue, attempt=1)
+        writer.start(entry, worker)
+        writer.result(Result(entry.run_id, worker, True, False, '{"done": true}', entry))
+        for _ in range(100):
+            await asyncio.sleep(0.05)
+            if not writer.pending():
+                break
+        still_pending, passes_then = writer.pending(), passes
+        await asyncio.sleep(0.3)
+        spun = passes - passes_then
+        stop.set()
+        try:
+            await asyncio.wait_for(runner, 5)  # it ends once nothing is left to write
+        except TimeoutError:
+            still_pending = True
+        await pool.close()
+        return still_pending, spun
+
+    still_pending, spun = asyncio.run(scenario())
+    assert not still_pending and spun == 0  # everything settled, and no pass since
+    assert cancelled == [str(task.id)]
+    assert not TaskRun.objects.filter(task_id=task.id).exists()
+    assert (Task.objects.get(id=task.id).status, Task.objects.get(id=task.id).claimed_by) == (status, claimed_by)
