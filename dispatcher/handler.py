@@ -2,9 +2,8 @@
 
 The gRPC stream handler (worker_service) calls in here; this module decides, with the
 parts it is given: the session registry, the writer (everything reported is written in
-batches), the claimer (woken by new workers and freed slots) and the relay (signal
-acknowledgements). Opening and closing a session are written at once, each in one
-transaction of its own.
+batches) and the claimer (woken by new workers and freed slots). Opening and closing a
+session are written at once, each in one transaction of its own.
 """
 
 from __future__ import annotations
@@ -18,7 +17,6 @@ from psycopg_pool import AsyncConnectionPool
 
 from dispatcher import protocol, sql
 from dispatcher.claimer import Claimer
-from dispatcher.relay import Relay
 from dispatcher.session import InFlight, SessionRegistry, WorkerSession
 from dispatcher.writer import Writer
 from tasks.sql import outcomes
@@ -37,12 +35,11 @@ class HandlerSettings:
 
 class SessionHandler:
     def __init__(self, *, pool: AsyncConnectionPool, sessions: SessionRegistry, writer: Writer, claimer: Claimer,
-                 relay: Relay, settings: HandlerSettings) -> None:
+                 settings: HandlerSettings) -> None:
         self.pool = pool
         self.sessions = sessions
         self.writer = writer
         self.claimer = claimer
-        self.relay = relay
         self.settings = settings
         self.accepting = True  # False once the node stops: new streams are refused
         self.open_streams = 0  # stream handlers still running (their cleanup included)
@@ -135,6 +132,8 @@ class SessionHandler:
         return None
 
     def on_heartbeat(self, session: WorkerSession, beat: pb.Heartbeat) -> None:
+        """Extend the leases of the runs the worker says it holds (only those it really holds are;
+        runs the cluster closed behind its back are the sweep's to stop)."""
         self.writer.heartbeat(session.worker_id, [t for t in beat.active_task_ids if protocol.valid_uuid(t)])
         session.send(protocol.heartbeat_ack())
 
@@ -144,7 +143,8 @@ class SessionHandler:
             self.writer.logs(lines)
 
     def on_signal_ack(self, session: WorkerSession, signal_id: str) -> None:
-        self.relay.on_ack(session, signal_id)
+        if protocol.valid_uuid(signal_id):
+            self.writer.ack(session.worker_id, signal_id)
 
     def on_shutdown(self, session: WorkerSession) -> None:
         session.draining = True

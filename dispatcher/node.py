@@ -11,6 +11,7 @@ The parts, each built from what it uses (see docs/architecture.md):
 - `relay`: signals and cancellations to the workers holding their tasks (dispatcher.relay);
 - `handler`: opens and closes sessions and takes their messages (dispatcher.handler);
 - `keepalive`: tells the scheduler this node's workers are alive (dispatcher.keepalive);
+- `sweep`: looks at the rows for what a lost notification would have said (dispatcher.sweep);
 - a LISTEN connection that wakes the claimer and the relay, and the `fanout` of task events
   and log wake-ups for ApiService subscribers.
 """
@@ -30,6 +31,7 @@ from dispatcher.handler import HandlerSettings, SessionHandler
 from dispatcher.keepalive import Keepalive
 from dispatcher.relay import Relay
 from dispatcher.session import SessionRegistry
+from dispatcher.sweep import Sweep
 from dispatcher.writer import Writer, WriterSettings
 from tasks.live import Fanout
 from tasks.notify import SIGNAL_SENT, TASK_CANCELLED, TASK_READY
@@ -47,6 +49,7 @@ class NodeSettings:
     drain_seconds: int
     worker_token: str
     keepalive_interval: float = 10.0
+    sweep_interval: float = 5.0
     retry_params: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -58,6 +61,7 @@ class NodeSettings:
             poll_interval=float(valka_settings.DISPATCH_POLL_INTERVAL),
             drain_seconds=int(valka_settings.DRAIN_SECONDS),
             worker_token=valka_settings.WORKER_TOKEN,
+            sweep_interval=float(valka_settings.DISPATCH_SWEEP_INTERVAL),
             retry_params=RetryPolicy.from_settings().sql_params(),
         )
 
@@ -77,8 +81,9 @@ class DispatcherNode:
         self.claimer = Claimer(pool=self.claim_pool, sessions=self.sessions, unsend=self.writer.unsend,
                                settings=ClaimerSettings(node_id=s.node_id, poll_interval=s.poll_interval))
         self.handler = SessionHandler(pool=self.pool, sessions=self.sessions, writer=self.writer,
-                                      claimer=self.claimer, relay=self.relay,
+                                      claimer=self.claimer,
                                       settings=HandlerSettings(node_id=s.node_id, retry_params=s.retry_params))
+        self.sweep = Sweep(pool=self.pool, sessions=self.sessions, relay=self.relay, interval=s.sweep_interval)
         self.keepalive = Keepalive(pool=self.pool, sessions=self.sessions, node_id=s.node_id,
                                    interval=s.keepalive_interval)
         # Task events and log wake-ups for ApiService subscribers, on a LISTEN connection of their own
@@ -89,12 +94,17 @@ class DispatcherNode:
             {TASK_READY: self.claimer.wake,
              TASK_CANCELLED: lambda task_id: self.relay.cancel(task_id, "task cancelled"),
              SIGNAL_SENT: self.relay.on_signal},
-            on_reconnect=lambda: self.claimer.wake(None),
+            on_reconnect=self._on_listen_reconnect,
         )
         self._claim_stop = asyncio.Event()  # set first: no claims once a stop begins
         self._stop = asyncio.Event()  # then the listener and the keep-alive
         self._writer_stop = asyncio.Event()  # last, once every stream has handed in what it had
         self._tasks: list[asyncio.Task] = []
+
+    def _on_listen_reconnect(self) -> None:
+        """Notifications sent while the LISTEN connection was down are lost: look at the rows."""
+        self.claimer.wake(None)
+        self.sweep.wake()
 
     async def start(self) -> None:
         await self.pool.open(wait=False)
@@ -104,6 +114,7 @@ class DispatcherNode:
             asyncio.create_task(self.writer.run(self._writer_stop), name="writer"),
             asyncio.create_task(self.listener.run(self._stop), name="listener"),
             asyncio.create_task(self.keepalive.run(self._stop), name="keepalive"),
+            asyncio.create_task(self.sweep.run(self._stop), name="sweep"),
         ]
 
     async def stop(self, drain_seconds: float | None = None) -> None:

@@ -2,7 +2,7 @@
 
 Signals are delivered right after their task's start is written (the PENDING signals of the
 tasks just started, oldest first) and, for a task already running here, as soon as the API's
-NOTIFY arrives; acknowledgements come back on the stream. Cancellations go to the worker as
+NOTIFY arrives (acknowledgements come back on the stream, written by the writer). Cancellations go to the worker as
 soon as the cancel's NOTIFY arrives, or when a start finds its task cancelled. Only this
 node's sessions are looked at: the node that holds a task is the only one that can reach it.
 """
@@ -17,7 +17,7 @@ from typing import Any
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher import protocol
-from dispatcher.session import SessionRegistry, WorkerSession
+from dispatcher.session import SessionRegistry
 from signals import sql
 
 log = logging.getLogger("valka.dispatcher")
@@ -57,10 +57,6 @@ class Relay:
             # waiting signals, so look again once it has committed.
             entry.started.add_done_callback(lambda f: f.result() and self._spawn(self.deliver([task_id])))
 
-    def on_ack(self, session: WorkerSession, signal_id: str) -> None:
-        if protocol.valid_uuid(signal_id):
-            self._spawn(self._ack(session.worker_id, signal_id))
-
     async def deliver(self, task_ids: list[str]) -> int:
         """Mark the PENDING signals of `task_ids` DELIVERED and send them to the workers holding them."""
         async with self.pool.connection() as own:
@@ -87,10 +83,3 @@ class Relay:
             async with self.pool.connection() as own:
                 await own.execute(sql.REDELIVER, {"task_ids": undeliverable})
         return len(rows) - len(undeliverable)
-
-    async def _ack(self, worker_id: str, signal_id: str) -> None:
-        try:
-            async with self.pool.connection() as conn:
-                await conn.execute(sql.ACKNOWLEDGE, {"ids": [signal_id], "worker_id": worker_id})
-        except Exception as exc:
-            log.warning("dispatcher: recording the acknowledgement of signal %s failed: %s", signal_id, exc)

@@ -190,3 +190,15 @@ UPDATE workers SET status = 'DISCONNECTED', disconnected_at = now()
 WHERE id = %(id)s AND session_id = %(session_id)s AND status = 'CONNECTED'
 RETURNING id
 """
+
+# -- The sweep: of the runs this node's workers hold, those someone else closed (reaped, lost,
+# cancelled) and those whose task has PENDING signals. Catches what a NOTIFY missed while the
+# LISTEN connection was down, and runs the cluster gave up on while their worker went quiet. --
+SWEEP = """
+SELECT i.task_id::text, r.status, r.error_message,
+       EXISTS (SELECT 1 FROM signals s WHERE s.task_id = i.task_id AND s.status = 'PENDING') AS has_signals
+FROM unnest(%(task_ids)s::uuid[], %(run_ids)s::uuid[]) AS i(task_id, run_id)
+LEFT JOIN task_runs r ON r.id = i.run_id
+WHERE r.status IS DISTINCT FROM 'RUNNING'
+   OR EXISTS (SELECT 1 FROM signals s WHERE s.task_id = i.task_id AND s.status = 'PENDING')
+"""

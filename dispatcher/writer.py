@@ -1,6 +1,7 @@
 """The dispatcher's single writer: buffers what workers report and writes it in batches.
 
-Starts (DISPATCHING → RUNNING), results, heartbeats and log lines pile up
+Starts (DISPATCHING → RUNNING), results, heartbeats, log lines and signal
+acknowledgements pile up
 while a flush is in progress and go out together in the next one, so under
 load one statement carries many messages and at rest a message is written
 at once. Starts are committed before results in every pass; a result or log
@@ -22,6 +23,7 @@ from dispatcher import sql
 from dispatcher.protocol import LogLine, Result
 from dispatcher.relay import Relay
 from dispatcher.session import InFlight
+from signals import sql as signals_sql
 from tasks.sql import outcomes
 from valka.arrays import BinaryArray
 
@@ -51,6 +53,7 @@ class Writer:
         self._heartbeats: list[tuple[str, str]] = []  # (worker id, task id)
         self._heard: set[str] = set()  # workers that sent a heartbeat
         self._logs: list[LogLine] = []
+        self._acks: list[tuple[str, str]] = []  # (worker id, signal id)
         self._wake = asyncio.Event()
 
     # -- producers (called from stream handlers; never block) --
@@ -71,6 +74,10 @@ class Writer:
         self._logs.extend(lines)
         self._poke()
 
+    def ack(self, worker_id: str, signal_id: str) -> None:
+        self._acks.append((worker_id, signal_id))
+        self._poke()
+
     def unsend(self, task_ids: list[str]) -> None:
         """Put back, at once, tasks claimed for sessions that closed before they were sent:
         DISPATCHING → PENDING, no attempt counted (the scheduler's reaper does it if this fails)."""
@@ -83,7 +90,7 @@ class Writer:
         task.add_done_callback(self._background.discard)
 
     def pending(self) -> bool:
-        return bool(self._starts or self._results or self._heartbeats or self._heard or self._logs)
+        return bool(self._starts or self._results or self._heartbeats or self._heard or self._logs or self._acks)
 
     def _poke(self) -> None:
         self._wake.set()
@@ -123,8 +130,8 @@ class Writer:
         transaction. An item PostgreSQL refuses is dropped; a refused result fails its task
         with a plain message instead, so the run is closed either way; a refused start counts
         as one that lost its race: its worker is told to stop the task."""
-        buckets = {"_starts": self._starts, "_results": self._results, "_logs": self._logs}
-        self._starts, self._results, self._logs = [], [], []
+        buckets = {"_starts": self._starts, "_results": self._results, "_logs": self._logs, "_acks": self._acks}
+        self._starts, self._results, self._logs, self._acks = [], [], [], []
         waiting: dict[str, list[Any]] = {name: [] for name in buckets}
         try:
             for name, items in buckets.items():
@@ -171,6 +178,7 @@ class Writer:
         self._logs = [line for line in self._logs if not ready(line.gate)]
         beats, self._heartbeats = self._heartbeats, []
         heard, self._heard = self._heard, set()
+        acks, self._acks = self._acks, []
         try:
             async with self.pool.connection() as conn, conn.transaction():
                 started, taken = await self._write_starts(conn, starts) if starts else (set(), [])
@@ -191,12 +199,16 @@ class Writer:
                         "messages": BinaryArray(line.message for line in lines),
                         "metadata": BinaryArray(line.metadata for line in lines),
                     })
+                if acks:
+                    await conn.execute(signals_sql.ACKNOWLEDGE, {"ids": BinaryArray(s for _, s in acks),
+                                                                 "worker_ids": BinaryArray(w for w, _ in acks)})
         except BaseException:
             self._starts[:0] = starts
             self._results[:0] = results
             self._logs[:0] = lines
             self._heartbeats[:0] = beats
             self._heard |= heard
+            self._acks[:0] = acks
             raise
         self._settle_starts(starts, started)
         if taken:  # marked DELIVERED in this pass: sent only now that it has committed

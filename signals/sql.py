@@ -24,12 +24,14 @@ FROM picked WHERE s.id = picked.id
 RETURNING s.id, s.task_id, s.signal_type, s.payload::text, s.created_at
 """
 
-# -- A worker consumed a signal of a task it runs. --
+# -- Workers consumed signals of tasks they run: a batch of (signal, worker) pairs; a pair whose
+# worker never ran the signal's task changes nothing. --
 ACKNOWLEDGE = """
-UPDATE signals SET status = 'ACKNOWLEDGED', acknowledged_at = now()
-WHERE id = ANY(%(ids)s) AND status IN ('PENDING', 'DELIVERED')
-  AND task_id IN (SELECT task_id FROM task_runs WHERE worker_id = %(worker_id)s)
-RETURNING id
+UPDATE signals s SET status = 'ACKNOWLEDGED', acknowledged_at = now()
+FROM unnest(%(ids)s::uuid[], %(worker_ids)s::text[]) AS i(id, worker_id)
+WHERE s.id = i.id AND s.status IN ('PENDING', 'DELIVERED')
+  AND EXISTS (SELECT 1 FROM task_runs r WHERE r.task_id = s.task_id AND r.worker_id = i.worker_id)
+RETURNING s.id
 """
 
 # -- The attempt that got them is over without acknowledging: deliver again to the next one. --

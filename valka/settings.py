@@ -161,6 +161,9 @@ VALKA = {
     "LEASE_EXTENSION": env.float("VALKA_LEASE_EXTENSION", default=60.0),
     "HEARTBEAT_INTERVAL": env.float("VALKA_HEARTBEAT_INTERVAL", default=30.0),
     "DISPATCH_POLL_INTERVAL": env.float("VALKA_DISPATCH_POLL_INTERVAL", default=2.0),
+    # How often a dispatcher re-reads cancels and signals for the runs its workers hold, in case a
+    # notification was lost (seconds); also done whenever its LISTEN connection comes back.
+    "DISPATCH_SWEEP_INTERVAL": env.float("VALKA_DISPATCH_SWEEP_INTERVAL", default=5.0),
     "DRAIN_SECONDS": env.int("VALKA_DRAIN_SECONDS", default=30),
     "REAPER_INTERVAL": env.float("VALKA_REAPER_INTERVAL", default=30.0),
     "DISPATCHING_TIMEOUT": env.float("VALKA_DISPATCHING_TIMEOUT", default=60.0),
