@@ -134,7 +134,8 @@ class SessionHandler:
     def on_heartbeat(self, session: WorkerSession, beat: pb.Heartbeat) -> None:
         """Extend the leases of the runs the worker says it holds (only those it really holds are;
         runs the cluster closed behind its back are the sweep's to stop)."""
-        self.writer.heartbeat(session.worker_id, [t for t in beat.active_task_ids if protocol.valid_uuid(t)])
+        self.writer.heartbeat(session.worker_id, session.session_id,
+                              [t for t in beat.active_task_ids if protocol.valid_uuid(t)])
         session.send(protocol.heartbeat_ack())
 
     def on_logs(self, session: WorkerSession, batch: pb.LogBatch) -> None:

@@ -61,6 +61,8 @@ class NodeSettings:
             poll_interval=float(valka_settings.DISPATCH_POLL_INTERVAL),
             drain_seconds=int(valka_settings.DRAIN_SECONDS),
             worker_token=valka_settings.WORKER_TOKEN,
+            # A third of the scheduler's worker timeout, so two keep-alives may fail before it judges.
+            keepalive_interval=min(10.0, float(valka_settings.WORKER_TIMEOUT) / 3),
             sweep_interval=float(valka_settings.DISPATCH_SWEEP_INTERVAL),
             retry_params=RetryPolicy.from_settings().sql_params(),
         )

@@ -145,16 +145,14 @@ WHERE r.task_id = i.task_id AND r.worker_id = i.worker_id AND r.status = 'RUNNIN
 RETURNING r.task_id
 """
 
-# -- Workers that sent a heartbeat: their last heartbeat, as the worker janitor reads it. --
-WORKERS_HEARD = """
-UPDATE workers SET last_heartbeat_at = now()
-WHERE id = ANY(%(worker_ids)s) AND status = 'CONNECTED'
-"""
-
-# -- Workers served by this dispatcher are alive (refreshed for every session of the node). --
+# -- Workers that sent a heartbeat, or that this dispatcher serves (its keep-alive): alive.
+# Their last heartbeat, as the worker janitor reads it, and CONNECTED again if the janitor had
+# given them up while this dispatcher could not write (a database outage): only the row of the
+# session this dispatcher holds, so a worker that reconnected elsewhere is not touched. --
 TOUCH_WORKERS = """
-UPDATE workers SET last_heartbeat_at = now()
-WHERE id = ANY(%(worker_ids)s) AND node_id = %(node_id)s AND status = 'CONNECTED'
+UPDATE workers w SET last_heartbeat_at = now(), status = 'CONNECTED', disconnected_at = NULL
+FROM unnest(%(worker_ids)s::text[], %(session_ids)s::text[]) AS i(id, session_id)
+WHERE w.id = i.id AND w.session_id = i.session_id AND w.node_id = %(node_id)s
 """
 
 # -- Log lines, one INSERT per batch, ids in the order sent; lines of unknown runs are dropped.
@@ -184,9 +182,10 @@ ON CONFLICT (id) DO UPDATE SET
     metadata = EXCLUDED.metadata, connected_at = now(), last_heartbeat_at = now(), disconnected_at = NULL
 """
 
-# -- A session ended: only the session that still owns the row marks it DISCONNECTED. --
+# -- A session ended: only the session that still owns the row marks it DISCONNECTED. The row
+# forgets the session, so a late TOUCH_WORKERS of it cannot make the worker CONNECTED again. --
 DISCONNECT_WORKER = """
-UPDATE workers SET status = 'DISCONNECTED', disconnected_at = now()
+UPDATE workers SET status = 'DISCONNECTED', disconnected_at = now(), session_id = ''
 WHERE id = %(id)s AND session_id = %(session_id)s AND status = 'CONNECTED'
 RETURNING id
 """

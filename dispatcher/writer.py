@@ -51,7 +51,7 @@ class Writer:
         self._starts: list[tuple[InFlight, str]] = []  # (entry, worker id)
         self._results: list[Result] = []
         self._heartbeats: list[tuple[str, str]] = []  # (worker id, task id)
-        self._heard: set[str] = set()  # workers that sent a heartbeat
+        self._heard: dict[str, str] = {}  # session id by worker id, of the workers that sent a heartbeat
         self._logs: list[LogLine] = []
         self._acks: list[tuple[str, str]] = []  # (worker id, signal id)
         self._wake = asyncio.Event()
@@ -65,8 +65,8 @@ class Writer:
         self._results.append(result)
         self._poke()
 
-    def heartbeat(self, worker_id: str, task_ids: list[str]) -> None:
-        self._heard.add(worker_id)
+    def heartbeat(self, worker_id: str, session_id: str, task_ids: list[str]) -> None:
+        self._heard[worker_id] = session_id
         self._heartbeats.extend((worker_id, t) for t in task_ids)
         self._poke()
 
@@ -177,7 +177,7 @@ class Writer:
         lines = [line for line in self._logs if ready(line.gate)]
         self._logs = [line for line in self._logs if not ready(line.gate)]
         beats, self._heartbeats = self._heartbeats, []
-        heard, self._heard = self._heard, set()
+        heard, self._heard = self._heard, {}
         acks, self._acks = self._acks, []
         try:
             async with self.pool.connection() as conn, conn.transaction():
@@ -190,7 +190,9 @@ class Writer:
                         "extension": self.settings.lease_extension,
                     })
                 if heard:
-                    await conn.execute(sql.WORKERS_HEARD, {"worker_ids": sorted(heard)})
+                    await conn.execute(sql.TOUCH_WORKERS, {"worker_ids": sorted(heard),
+                                                           "session_ids": [heard[w] for w in sorted(heard)],
+                                                           "node_id": self.settings.node_id})
                 if lines:
                     await conn.execute(sql.INSERT_LOGS, {
                         "run_ids": BinaryArray(line.run_id for line in lines),
@@ -207,7 +209,7 @@ class Writer:
             self._results[:0] = results
             self._logs[:0] = lines
             self._heartbeats[:0] = beats
-            self._heard |= heard
+            self._heard = {**heard, **self._heard}
             self._acks[:0] = acks
             raise
         self._settle_starts(starts, started)

@@ -99,12 +99,12 @@ def assert_error(response, status, code, field=None):
 # -- The real stack, as processes talking gRPC over loopback to each other and to the test database. --
 
 class Stack:
-    """Starts processes against the test database; stops them all at teardown."""
+    """Starts processes against the test database (or `url`'s); stops them all at teardown."""
 
-    def __init__(self, tmp_path: Path) -> None:
+    def __init__(self, tmp_path: Path, url: str | None = None) -> None:
         self.tmp = tmp_path
         self.procs: list[subprocess.Popen] = []
-        self.env = dict(os.environ, DATABASE_URL=database_url(), PYTHONUNBUFFERED="1",
+        self.env = dict(os.environ, DATABASE_URL=url or database_url(), PYTHONUNBUFFERED="1",
                         VALKA_DISPATCH_POLL_INTERVAL="1", VALKA_LOG_LEVEL="INFO",
                         VALKA_DB_POOL="false", VALKA_API_ANONYMOUS="true")
 

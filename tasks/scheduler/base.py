@@ -20,6 +20,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tasks.retry import RetryPolicy
+from tasks.sql import maintenance
 
 log = logging.getLogger("valka.scheduler")
 
@@ -38,6 +39,7 @@ class SchedulerConfig:
     retention_interval: float = 600.0
     retention_days: float = 7.0
     dead_letter_retention_days: float = 30.0
+    lease_grace: float = 60.0  # the dispatchers' lease extension (see tasks.sql.maintenance.EXPIRED_LEASES)
     retry_params: dict[str, float] = field(default_factory=lambda: RetryPolicy().sql_params())
 
     @classmethod
@@ -53,6 +55,7 @@ class SchedulerConfig:
             retention_interval=float(s.RETENTION_INTERVAL),
             retention_days=float(s.RETENTION_DAYS),
             dead_letter_retention_days=float(s.DEAD_LETTER_RETENTION_DAYS),
+            lease_grace=float(s.LEASE_EXTENSION),
             retry_params=RetryPolicy.from_settings().sql_params(),
         )
 
@@ -92,6 +95,14 @@ class Loop:
         self.config = config or SchedulerConfig.from_settings()
         self.pool = pool
         self._stop: asyncio.Event | None = None
+        # Since when the database has been writable for everyone, as far as this loop knows: the
+        # later of PostgreSQL's start (an outage that stopped it ended then) and this process's
+        # return to the database after losing it (a failed pass, or a lost leader lock). Set by
+        # `run` before its first pass of a term; None in `run_once` called alone, as tests do.
+        # Loops that judge deadlines count only time after it (tasks.sql.maintenance.SINCE).
+        self.watching_since: datetime | None = None
+        self._lost_access = False  # since the last time `watching_since` was set
+        self._returned_at: datetime | None = None
 
     @property
     def interval(self) -> float:
@@ -101,6 +112,18 @@ class Loop:
     def stopping(self) -> bool:
         """Checked between batches: a stop (or lost leadership) ends the pass after the batch in hand."""
         return self._stop is not None and self._stop.is_set()
+
+    def lost_access(self) -> None:
+        """This process could not reach the database for a while (its leader lock connection died)."""
+        self._lost_access = True
+        self.watching_since = None
+
+    async def _watch(self, db: DB) -> datetime:
+        async with connection(db) as conn:
+            now, started = await (await conn.execute(maintenance.DB_CLOCK)).fetchone()
+        if self._lost_access:
+            self._returned_at, self._lost_access = now, False
+        return max(started, self._returned_at) if self._returned_at else started
 
     async def run_once(self, db: DB, now: datetime | None = None) -> int:
         raise NotImplementedError
@@ -147,15 +170,19 @@ class Loop:
         if self.pool is None:
             raise RuntimeError(f"{self.name}: run() needs a pool")
         self._stop = stop
+        self.watching_since = None  # a new term: look again
         failures = 0
         while not stop.is_set():
             try:
+                if self.watching_since is None:
+                    self.watching_since = await self._watch(self.pool)
                 await self.run_once(self.pool)
                 delay = await self.next_delay(self.pool)
                 if failures:
                     log.info("%s: database reachable again", self.name)
                 failures = 0
             except (psycopg.Error, OSError) as exc:
+                self.lost_access()  # the database may be out of reach for everyone
                 failures += 1
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** min(failures, 10))
                 log.warning("%s: %s: %s; retrying in %.1fs", self.name, type(exc).__name__,

@@ -5,7 +5,9 @@ serves and marks a worker DISCONNECTED itself when its stream ends. If the
 dispatcher dies, nobody does: after `worker_timeout` this loop marks such
 workers DISCONNECTED and closes their RUNNING runs as lost ("worker
 disconnected"), exactly as the dispatcher would have, so their tasks retry
-without waiting for the (possibly long) lease to run out.
+without waiting for the (possibly long) lease to run out. Silence is counted
+only from when this scheduler could see the database (`watching_since`): after
+an outage, no worker is judged before `worker_timeout` has passed since its end.
 
 It also forgets task event watchers whose session has ended without saying so
 (a process killed while it streamed events), so PostgreSQL stops building
@@ -35,7 +37,8 @@ class WorkerJanitor(Loop):
         no longer matches the guard, and stays CONNECTED. A run whose row or task is busy is
         skipped too; it keeps its lease and the lease reaper closes it later if need be."""
         cur = await conn.execute(maintenance.STALE_WORKERS, {
-            "now": now, "limit": self.config.batch_size, "timeout": self.config.worker_timeout})
+            "now": now, "limit": self.config.batch_size, "timeout": self.config.worker_timeout,
+            "since": self.watching_since})
         workers = [row[0] for row in await cur.fetchall()]
         if not workers:
             return 0, 0

@@ -7,6 +7,11 @@
   dispatcher died between claim and send) goes back to PENDING, no attempt
   counted, and the dispatchers are woken.
 
+Neither is judged on time that passed while this scheduler could not reach the
+database (`watching_since`): after an outage, a lease waits a whole lease
+extension (`lease_grace`) and a claim `dispatching_timeout`, from the outage's
+end, for the heartbeats and starts the dispatchers buffered meanwhile.
+
 Closing runs is `outcomes.retry_runs`, the statement the dispatcher uses for
 a disconnect, so a reaped task looks exactly like a lost one.
 """
@@ -38,7 +43,9 @@ class LeaseReaper(Loop):
         result or cancel that comes next waits, then finds the run closed (or the task
         in RETRY, which cannot be cancelled) and changes nothing. A task already
         CANCELLED keeps its status: only its stale run is closed."""
-        cur = await conn.execute(maintenance.EXPIRED_LEASES, {"now": now, "limit": self.config.batch_size})
+        cur = await conn.execute(maintenance.EXPIRED_LEASES, {
+            "now": now, "limit": self.config.batch_size, "since": self.watching_since,
+            "grace": self.config.lease_grace})
         run_ids = [row[0] for row in await cur.fetchall()]
         if not run_ids:
             return 0, []
@@ -51,7 +58,8 @@ class LeaseReaper(Loop):
         queue, in the caller's transaction. A dispatcher that was merely slow finds its task no
         longer DISPATCHING for it, so its late START moves nothing."""
         cur = await conn.execute(maintenance.STUCK_DISPATCHING, {
-            "now": now, "limit": self.config.batch_size, "timeout": self.config.dispatching_timeout})
+            "now": now, "limit": self.config.batch_size, "timeout": self.config.dispatching_timeout,
+            "since": self.watching_since})
         return sum(row[1] for row in await cur.fetchall())
 
     async def run_once(self, db: DB, now: datetime | None = None) -> int:

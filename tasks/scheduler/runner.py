@@ -80,6 +80,8 @@ class Scheduler:
         term.set()
         await asyncio.gather(*tasks)
         if not stop.is_set():
+            for loop in self.loops:
+                loop.lost_access()  # the lock connection died: so, likely, did everyone's
             log.warning("scheduler: no longer leader; loops paused")
 
 

@@ -18,6 +18,15 @@ from tasks.states import FINAL_STATES, TaskStatus, guarded_update
 # The reference time of a statement: the caller's, or the database's own clock.
 NOW = "COALESCE(%(now)s::timestamptz, now())"
 
+# Since when the database has been writable for everyone, as far as the judge (a scheduler loop)
+# knows (tasks.scheduler.base.Loop.watching_since), or NULL: always. Nothing is judged on time
+# that passed while the database could not be written: a heartbeat, a lease or a claim whose
+# deadline fell in an outage gets, from the outage's end, the time it would have had to be renewed.
+SINCE = "COALESCE(%(since)s::timestamptz, '-infinity')"
+
+# -- The database's clock, and when PostgreSQL last started (the end of an outage that stopped it). --
+DB_CLOCK = "SELECT now(), pg_postmaster_start_time()"
+
 _RETENTION_FINAL = ", ".join(f"'{s.value}'" for s in sorted(FINAL_STATES - {TaskStatus.DEAD_LETTER}))
 
 # ---------------------------------------------------------------- retry engine
@@ -55,9 +64,12 @@ SELECT EXTRACT(EPOCH FROM min(run_at) - now())::float8 FROM tasks WHERE status =
 # Both rows are locked (or the pair skipped), so a heartbeat, a result or a cancel
 # that is writing either row right now wins, and one that comes later finds the
 # run closed and changes nothing. Matches task_runs_lease_idx WHERE finished_at IS NULL.
+# None is judged before the judge has seen the database for %(grace)s seconds (a lease
+# extension: the time a live worker's heartbeat takes to renew a lease that ran out meanwhile).
 EXPIRED_LEASES = f"""
 SELECT r.id FROM task_runs r JOIN tasks t ON t.id = r.task_id
 WHERE r.finished_at IS NULL AND r.status = 'RUNNING' AND r.lease_expires_at < {NOW}
+  AND {SINCE} + make_interval(secs => %(grace)s) < {NOW}
 ORDER BY r.lease_expires_at LIMIT %(limit)s
 FOR UPDATE OF r, t SKIP LOCKED
 """
@@ -71,6 +83,7 @@ WITH RECURSIVE {QUEUES}, picked AS MATERIALIZED (
         SELECT t.ctid FROM tasks t
         WHERE t.queue = q.queue AND t.status = 'DISPATCHING'
           AND t.updated_at < {NOW} - make_interval(secs => %(timeout)s)
+          AND {SINCE} < {NOW} - make_interval(secs => %(timeout)s)
         LIMIT %(limit)s FOR UPDATE SKIP LOCKED
     ) stuck
     LIMIT %(limit)s
@@ -112,10 +125,12 @@ WHERE status = 'PENDING' AND run_at > created_at AND run_at > now()
 # -- CONNECTED workers not heard from for %(timeout)s → DISCONNECTED. --
 # The guard is repeated in the UPDATE: a worker whose dispatcher touched it, or that
 # reconnected, after the pick is not disconnected (and one being touched is skipped).
+# Silence is counted only from when the judge could see the database (SINCE).
 STALE_WORKERS = f"""
 WITH picked AS (
     SELECT id FROM workers
     WHERE status = 'CONNECTED' AND last_heartbeat_at < {NOW} - make_interval(secs => %(timeout)s)
+      AND {SINCE} < {NOW} - make_interval(secs => %(timeout)s)
     ORDER BY last_heartbeat_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 )
 UPDATE workers w SET status = 'DISCONNECTED', disconnected_at = now()

@@ -60,8 +60,8 @@ def test_a_worker_touched_by_its_dispatcher_meanwhile_stays_connected():
     async def scenario() -> tuple[int, int]:
         async with await connect() as dispatcher, await connect() as conn:
             async with dispatcher.transaction():
-                await dispatcher.execute(dispatcher_sql.TOUCH_WORKERS,
-                                         {"worker_ids": [silent.id], "node_id": "node-a"})
+                await dispatcher.execute(dispatcher_sql.TOUCH_WORKERS, {
+                    "worker_ids": [silent.id], "session_ids": [silent.session_id], "node_id": "node-a"})
                 during = await janitor.run_once(conn)
             return during, await janitor.run_once(conn)
 
@@ -77,3 +77,15 @@ def test_event_watchers_whose_session_ended_are_forgotten():
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FROM task_event_watchers WHERE pid = 0")
         assert cur.fetchone()[0] == 0
+
+
+def test_silence_is_counted_only_from_when_the_database_came_back():
+    now = db_now()
+    silent = WorkerFactory(last_heartbeat_at=now - timedelta(seconds=500))
+    running_on(silent)
+    janitor = WorkerJanitor(make_config(worker_timeout=120))
+    janitor.watching_since = now  # an outage just ended: the worker's dispatcher could not write either
+    assert once(janitor, now=now + timedelta(seconds=119)) == 0
+    assert Worker.objects.get(id=silent.id).status == "CONNECTED"
+    assert once(janitor, now=now + timedelta(seconds=121)) == 2  # the worker, and its task
+    assert Worker.objects.get(id=silent.id).status == "DISCONNECTED"

@@ -191,3 +191,20 @@ def test_stuck_dispatching_tasks_of_every_queue_are_recovered_batch_by_batch(lis
     assert set(Task.objects.filter(id__in=[t.id for t in stuck]).values_list("status", flat=True)) == {"PENDING"}
     assert Task.objects.get(id=recent.id).status == "DISPATCHING"
     assert sorted(set(listener.drain(4))) == ["alpha", "gamma", "zeta"]  # batches of 2: four commits
+
+
+def test_nothing_is_judged_on_time_the_database_was_out_of_reach():
+    """After an outage (the scheduler sees the database again from `watching_since`), an expired lease
+    gets a whole lease extension for its worker's heartbeat to come back, and a stuck claim its
+    whole timeout for its start."""
+    now = db_now()
+    run = expired_run()
+    stuck = TaskFactory(status="DISPATCHING", claimed_by="node-1", updated_at=now - timedelta(seconds=600))
+    reaper = LeaseReaper(make_config(lease_grace=15, dispatching_timeout=60))
+    reaper.watching_since = now  # the database came back just now
+    assert once(reaper, now=now + timedelta(seconds=14)) == 0
+    assert TaskRun.objects.get(id=run.id).status == "RUNNING"
+    assert once(reaper, now=now + timedelta(seconds=16)) == 2  # the lease's grace is over; not yet the claim's
+    assert Task.objects.get(id=stuck.id).status == "DISPATCHING"
+    assert once(reaper, now=now + timedelta(seconds=61)) == 1
+    assert Task.objects.get(id=stuck.id).status == "PENDING"
