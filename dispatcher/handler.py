@@ -9,7 +9,9 @@ session are written at once, each in one transaction of its own.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
+import time
 import uuid
 from dataclasses import dataclass, field
 
@@ -31,6 +33,8 @@ CLOSE_ATTEMPTS = 20  # tries to record a disconnect before leaving it to the sch
 class HandlerSettings:
     node_id: str  # written into workers.node_id
     retry_params: dict[str, float] = field(default_factory=dict)  # for the runs a closed session leaves
+    run_log_max_lines: int = 10_000  # a run's log lines kept; later ones are counted and dropped
+    run_log_max_bytes: int = 10 * 1024 * 1024  # and bytes of their messages and metadata
 
 
 class SessionHandler:
@@ -123,6 +127,8 @@ class SessionHandler:
         entry = session.release(result.task_run_id)
         if entry is not None:  # a run id this node made: no need to check its form
             self.claimer.freed(entry.queue)
+            if entry.dropped_lines:
+                self.writer.logs([self._truncation_line(entry)])
         elif not protocol.valid_uuid(result.task_run_id):
             return f"task_result: task_run_id {result.task_run_id!r} is not a run id"
         self.writer.result(protocol.result_from(result, session.worker_id, entry))
@@ -139,9 +145,32 @@ class SessionHandler:
         session.send(protocol.heartbeat_ack())
 
     def on_logs(self, session: WorkerSession, batch: pb.LogBatch) -> None:
-        lines = protocol.log_lines(batch, session.by_run)
-        if lines:
-            self.writer.logs(lines)
+        """Keep a run's lines up to its limits (lines and bytes); past them, count what is dropped,
+        for one line that says so when the run ends."""
+        max_lines, max_bytes = self.settings.run_log_max_lines, self.settings.run_log_max_bytes
+        kept = []
+        for line in protocol.log_lines(batch, session.by_run):
+            run = line.gate
+            assert run is not None  # log_lines keeps only the lines of runs the session holds
+            size = len(line.message.encode()) + len(line.metadata or "")
+            if run.log_lines >= max_lines or run.log_bytes + size > max_bytes:
+                run.dropped_lines += 1
+                run.dropped_bytes += size
+                continue
+            run.log_lines += 1
+            run.log_bytes += size
+            kept.append(line)
+        if kept:
+            self.writer.logs(kept)
+
+    def _truncation_line(self, run: InFlight) -> protocol.LogLine:
+        return protocol.LogLine(
+            run_id=run.run_id, ts_ms=int(time.time() * 1000), level="WARN",
+            message=(f"log truncated: {run.dropped_lines} more lines ({run.dropped_bytes} bytes) were dropped, "
+                     f"over the limit of {self.settings.run_log_max_lines} lines or "
+                     f"{self.settings.run_log_max_bytes} bytes per run"),
+            metadata=json.dumps({"dropped_lines": run.dropped_lines, "dropped_bytes": run.dropped_bytes}),
+            gate=None)
 
     def on_signal_ack(self, session: WorkerSession, signal_id: str) -> None:
         if protocol.valid_uuid(signal_id):

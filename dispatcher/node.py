@@ -50,6 +50,8 @@ class NodeSettings:
     worker_token: str
     keepalive_interval: float = 10.0
     sweep_interval: float = 5.0
+    run_log_max_lines: int = 10_000
+    run_log_max_bytes: int = 10 * 1024 * 1024
     retry_params: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -64,6 +66,8 @@ class NodeSettings:
             # A third of the scheduler's worker timeout, so two keep-alives may fail before it judges.
             keepalive_interval=min(10.0, float(valka_settings.WORKER_TIMEOUT) / 3),
             sweep_interval=float(valka_settings.DISPATCH_SWEEP_INTERVAL),
+            run_log_max_lines=int(valka_settings.RUN_LOG_MAX_LINES),
+            run_log_max_bytes=int(valka_settings.RUN_LOG_MAX_BYTES),
             retry_params=RetryPolicy.from_settings().sql_params(),
         )
 
@@ -84,7 +88,9 @@ class DispatcherNode:
                                settings=ClaimerSettings(node_id=s.node_id, poll_interval=s.poll_interval))
         self.handler = SessionHandler(pool=self.pool, sessions=self.sessions, writer=self.writer,
                                       claimer=self.claimer,
-                                      settings=HandlerSettings(node_id=s.node_id, retry_params=s.retry_params))
+                                      settings=HandlerSettings(node_id=s.node_id, retry_params=s.retry_params,
+                                                               run_log_max_lines=s.run_log_max_lines,
+                                                               run_log_max_bytes=s.run_log_max_bytes))
         self.sweep = Sweep(pool=self.pool, sessions=self.sessions, relay=self.relay, interval=s.sweep_interval)
         self.keepalive = Keepalive(pool=self.pool, sessions=self.sessions, node_id=s.node_id,
                                    interval=s.keepalive_interval)

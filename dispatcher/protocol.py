@@ -31,8 +31,10 @@ HELLO_TIMEOUT = 30.0  # seconds from the stream's start to its hello
 MAX_QUEUES = 100  # queues one worker serves
 MAX_CONCURRENCY = 10_000
 MAX_LOG_MESSAGE = 64 * 1024  # characters of a log line or an error message; longer ones are cut
-MAX_OUTPUT = 16 * 1024 * 1024  # characters of a task's output
-MAX_MESSAGE = 16 * 1024 * 1024  # bytes of one gRPC message, either way
+MAX_MESSAGE = 16 * 1024 * 1024  # bytes of one gRPC message, either way: a bigger one ends the stream
+# Bytes of a task's output (JSON text): over it, the run fails. Below MAX_MESSAGE with room to spare,
+# so a result that carries one still fits in a message; the Python SDK refuses bigger outputs itself.
+MAX_OUTPUT = 15 * 1024 * 1024
 
 LEVELS = {
     common_pb2.LOG_LEVEL_DEBUG: "DEBUG", common_pb2.LOG_LEVEL_INFO: "INFO",
@@ -125,8 +127,8 @@ def result_from(message: pb.TaskResult, worker_id: str, gate: InFlight | None) -
         return Result(run_id, worker_id, False, False,
                       "the worker returned an output that is not valid JSON or not storable "
                       "(NaN, NUL, lone surrogates, nesting over 100 levels)", gate)
-    if output is not None and len(output) > MAX_OUTPUT:
-        return Result(run_id, worker_id, False, False, "the worker returned an output over the size limit", gate)
+    if output is not None and len(output) > MAX_OUTPUT // 4 and (size := len(output.encode())) > MAX_OUTPUT:
+        return Result(run_id, worker_id, False, False, f"output too large: {size} bytes, limit {MAX_OUTPUT}", gate)
     return Result(run_id, worker_id, True, False, output, gate)
 
 

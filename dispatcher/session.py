@@ -22,9 +22,14 @@ class InFlight:
     attempt: int
     sent: bool = False
     cancel_sent: bool = False
-    # Resolved by the flusher once DISPATCHING → RUNNING is committed (True) or lost its race (False).
+    # Resolved by the writer once DISPATCHING → RUNNING is committed (True) or lost its race (False).
     started: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     assigned_at: float = field(default_factory=time.monotonic)
+    # The run's log so far, against its limits (dispatcher.handler.SessionHandler.on_logs).
+    log_lines: int = 0
+    log_bytes: int = 0
+    dropped_lines: int = 0
+    dropped_bytes: int = 0
 
 
 @dataclass(eq=False)

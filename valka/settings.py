@@ -164,6 +164,9 @@ VALKA = {
     # How often a dispatcher re-reads cancels and signals for the runs its workers hold, in case a
     # notification was lost (seconds); also done whenever its LISTEN connection comes back.
     "DISPATCH_SWEEP_INTERVAL": env.float("VALKA_DISPATCH_SWEEP_INTERVAL", default=5.0),
+    # A run's log is kept up to this many lines and bytes; the rest is dropped, and one line says how much.
+    "RUN_LOG_MAX_LINES": env.int("VALKA_RUN_LOG_MAX_LINES", default=10_000),
+    "RUN_LOG_MAX_BYTES": env.int("VALKA_RUN_LOG_MAX_BYTES", default=10 * 1024 * 1024),
     "DRAIN_SECONDS": env.int("VALKA_DRAIN_SECONDS", default=30),
     "REAPER_INTERVAL": env.float("VALKA_REAPER_INTERVAL", default=30.0),
     "DISPATCHING_TIMEOUT": env.float("VALKA_DISPATCHING_TIMEOUT", default=60.0),

@@ -36,8 +36,9 @@ def final_status(call) -> tuple[grpc.StatusCode, str]:
 
 @pytest.fixture
 def served(stack):
-    """A dispatcher with one SDK worker on `default`; `served.check()` proves it still works."""
-    _, addr = stack.dispatcher()
+    """A dispatcher with one SDK worker on `default`; `served.check()` proves it still works. Its runs
+    keep their whole logs: the limits per run (tests/e2e/test_message_limits.py) are not the point here."""
+    _, addr = stack.dispatcher(VALKA_RUN_LOG_MAX_LINES="1000000", VALKA_RUN_LOG_MAX_BYTES=str(1 << 30))
     stack.worker(addr, queues="default", name="sdk")
 
     class Served:

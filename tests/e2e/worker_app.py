@@ -96,6 +96,18 @@ async def logs(ctx):
     return {"logged": True}
 
 
+@worker.task("big_output")
+async def big_output(ctx):
+    return "x" * ctx.input["bytes"]
+
+
+@worker.task("many_logs")
+async def many_logs(ctx):
+    for i in range(ctx.input["lines"]):
+        ctx.log(f"{i:06d} " + "y" * ctx.input["bytes"])
+    return {"logged": ctx.input["lines"]}
+
+
 @worker.task("collect_signals")
 async def collect_signals(ctx):
     """Waits for `gate` (a file) if given on attempt 1, then takes `count` signals."""

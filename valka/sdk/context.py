@@ -14,6 +14,8 @@ from valka.sdk.errors import TaskCancelled
 from valka.v1 import common_pb2
 from valka.v1 import worker_pb2 as pb
 
+MAX_LOG_LINE = 64 * 1024  # characters of a line's message, cut beyond; metadata longer is left out
+
 _LEVELS = {
     "DEBUG": common_pb2.LOG_LEVEL_DEBUG, "INFO": common_pb2.LOG_LEVEL_INFO,
     "WARN": common_pb2.LOG_LEVEL_WARN, "ERROR": common_pb2.LOG_LEVEL_ERROR,
@@ -64,9 +66,12 @@ class TaskContext:
 
     # -- logging: lines are batched and streamed to the server --
     def log(self, message: str, level: str = "INFO", **metadata: Any) -> None:
+        meta = json.dumps(metadata, default=str) if metadata else ""
+        if len(meta) > MAX_LOG_LINE:
+            meta = json.dumps({"truncated": True, "characters": len(meta)})
         self._emit_log(pb.LogEntry(
             task_run_id=self.run_id, timestamp_ms=int(time.time() * 1000), level=_LEVELS.get(level, 2),
-            message=str(message), metadata=json.dumps(metadata, default=str) if metadata else "",
+            message=str(message)[:MAX_LOG_LINE], metadata=meta,
         ))
 
     def debug(self, message: str, **metadata: Any) -> None:

@@ -45,12 +45,19 @@ log = logging.getLogger("valka.worker")
 Handler = Callable[[TaskContext], Any]
 SignalHook = Callable[[TaskContext, Signal], Any]
 
+MAX_MESSAGE = 16 * 1024 * 1024  # bytes of one gRPC message, the dispatcher's limit: a bigger one ends the stream
+# What one message may carry, so that none is ever over MAX_MESSAGE (the dispatcher applies the same limits):
+MAX_OUTPUT = 15 * 1024 * 1024  # bytes of a task's output (JSON); a bigger one fails the run
+MAX_ERROR = 64 * 1024  # characters of an error message; longer ones are cut
+LOG_BATCH_BYTES = 1024 * 1024  # a log batch is sent once it holds this much (or 500 lines)
+LOG_BATCH_LINES = 500
+
 CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),
     ("grpc.keepalive_timeout_ms", 10_000),
     ("grpc.keepalive_permit_without_calls", 1),
-    ("grpc.max_receive_message_length", 16 * 1024 * 1024),
-    ("grpc.max_send_message_length", 16 * 1024 * 1024),
+    ("grpc.max_receive_message_length", MAX_MESSAGE),
+    ("grpc.max_send_message_length", MAX_MESSAGE),
 ]
 
 
@@ -270,10 +277,15 @@ class Worker:
             await self._flush_now()
 
     async def _flush_now(self) -> None:
+        """Send the buffered log lines in batches of at most LOG_BATCH_LINES lines or about
+        LOG_BATCH_BYTES bytes (a line is at most 64 KiB, context.MAX_LOG_LINE): far under MAX_MESSAGE."""
         while self._logs:
-            batch = []
-            while self._logs and len(batch) < 500:
-                batch.append(self._logs.popleft())
+            batch: list[pb.LogEntry] = []
+            size = 0
+            while self._logs and len(batch) < LOG_BATCH_LINES and size < LOG_BATCH_BYTES:
+                entry = self._logs.popleft()
+                size += entry.ByteSize()
+                batch.append(entry)
             self._send(pb.WorkerRequest(log_batch=pb.LogBatch(entries=batch)))
 
     # -- tasks --
@@ -296,8 +308,11 @@ class Worker:
                 output = await self._loop.run_in_executor(self._executor, handler, ctx)
                 if inspect.isawaitable(output):
                     output = await output
+            text = "" if output is None else json.dumps(output)
+            if len(text) > MAX_OUTPUT // 4 and (size := len(text.encode())) > MAX_OUTPUT:
+                raise NonRetryableError(f"output too large: {size} bytes, limit {MAX_OUTPUT}")
             result.success = True
-            result.output = "" if output is None else json.dumps(output)
+            result.output = text
         except asyncio.CancelledError:
             if not ctx.cancelled_by_server:
                 # The worker is going away: no result; the dispatcher releases the task for a retry.
@@ -319,6 +334,7 @@ class Worker:
             if entry is not None:
                 for hook in entry.signal_hooks:
                     hook.cancel()
+        result.error_message = result.error_message[:MAX_ERROR]
         if self._logs:  # the run's lines reach the server before its result
             await self._flush_now()
         self._send(pb.WorkerRequest(task_result=result))
