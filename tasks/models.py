@@ -190,6 +190,11 @@ class DeadLetter(models.Model):
     metadata = models.JSONField(default=dict, blank=True)
     error_message = models.TextField(null=True, blank=True)
     attempt_count = models.IntegerField()
+    # The task's own settings, which a replay gives the new task (NULL in letters older than them:
+    # a replay then takes the defaults).
+    priority = models.IntegerField(null=True, blank=True)
+    max_retries = models.IntegerField(null=True, blank=True)
+    timeout_seconds = models.IntegerField(null=True, blank=True)
     created_at = models.DateTimeField(db_default=models.functions.Now())
     replayed_at = models.DateTimeField(null=True, blank=True)
     replay_task = models.ForeignKey(

@@ -331,17 +331,30 @@ def dead_letter_tasks(*, task_ids: list[uuid.UUID]) -> list[uuid.UUID]:
 
 
 def dead_letter_replay(*, dead_letter_id: uuid.UUID | str) -> Task:
-    """A new PENDING task with the dead letter's task_name, queue, input and metadata.
+    """A new PENDING task with the dead letter's task_name, queue, input, metadata, priority,
+    max_retries and timeout.
 
-    The new task records the dead letter (and the original task) it came
-    from; the dead letter records when it was replayed and into which task.
+    The new task records the dead letter (and the original task) it came from; the dead letter
+    records when it was replayed and into which task. Two replays of one letter racing each
+    other make one task: the second, finding the letter replayed since it read it, answers
+    with the first's task (lifecycle.CLAIM_DEAD_LETTER_REPLAY). A replay asked for later, by
+    someone who saw the first, is a replay again.
     """
     letter = selectors.dead_letter_get(dead_letter_id=dead_letter_id)
-    return _replay(
-        task_name=letter.task_name, queue=letter.queue, input=letter.input, metadata=letter.metadata,
-        max_retries=None, timeout_seconds=None, priority=0,
-        replayed_from_task_id=letter.task_id, replayed_from_dead_letter_id=letter.id,
-    )
+    spec = _replay_spec(task_name=letter.task_name, queue=letter.queue, input=letter.input,
+                        metadata=letter.metadata, max_retries=letter.max_retries,
+                        timeout_seconds=letter.timeout_seconds, priority=letter.priority or 0)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(lifecycle.CLAIM_DEAD_LETTER_REPLAY, {"id": letter.id, "seen": letter.replay_count})
+        if cursor.fetchone() is None:  # replayed meanwhile (or deleted): that replay's task answers
+            letter = selectors.dead_letter_get(dead_letter_id=letter.id)
+            if letter.replay_task_id is None:
+                raise InvalidState("the dead letter is being replayed concurrently; retry the request")
+            return Task.objects.get(id=letter.replay_task_id)
+        ((task, _),) = _create([spec], {"replayed_from_task_id": letter.task_id,
+                                        "replayed_from_dead_letter_id": letter.id})
+        cursor.execute(lifecycle.SET_DEAD_LETTER_REPLAY_TASK, {"id": letter.id, "task_id": task.id})
+    return task
 
 
 def task_replay(*, task_id: uuid.UUID | str) -> Task:
@@ -361,13 +374,19 @@ def task_replay(*, task_id: uuid.UUID | str) -> Task:
     )
 
 
-def _replay(*, task_name: str, queue: str, input: Any, metadata: Any, max_retries: int | None,
-            timeout_seconds: int | None, priority: int, replayed_from_task_id: Any,
-            replayed_from_dead_letter_id: Any) -> Task:
-    spec = parse_task_spec({
+def _replay_spec(*, task_name: str, queue: str, input: Any, metadata: Any, max_retries: int | None,
+                 timeout_seconds: int | None, priority: int) -> TaskSpec:
+    return parse_task_spec({
         "task_name": task_name, "queue": queue, "input": input, "metadata": metadata or {},
         "max_retries": max_retries, "timeout_seconds": timeout_seconds, "priority": priority,
     })
+
+
+def _replay(*, task_name: str, queue: str, input: Any, metadata: Any, max_retries: int | None,
+            timeout_seconds: int | None, priority: int, replayed_from_task_id: Any,
+            replayed_from_dead_letter_id: Any) -> Task:
+    spec = _replay_spec(task_name=task_name, queue=queue, input=input, metadata=metadata,
+                        max_retries=max_retries, timeout_seconds=timeout_seconds, priority=priority)
     with transaction.atomic():
         ((task, _),) = _create([spec], {"replayed_from_task_id": replayed_from_task_id,
                                         "replayed_from_dead_letter_id": replayed_from_dead_letter_id})

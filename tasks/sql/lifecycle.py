@@ -60,8 +60,9 @@ WITH moved AS (
                     returning="*")}
 ), letters AS (
     INSERT INTO dead_letter_queue (id, task_id, task_name, queue, input, metadata, error_message,
-                                   attempt_count, created_at, replay_count)
-    SELECT valka_uuid7(), id, task_name, queue, input, metadata, error_message, attempt_count, now(), 0
+                                   attempt_count, priority, max_retries, timeout_seconds, created_at, replay_count)
+    SELECT valka_uuid7(), id, task_name, queue, input, metadata, error_message, attempt_count,
+           priority, max_retries, timeout_seconds, now(), 0
     FROM moved
     ON CONFLICT (task_id) DO NOTHING
     RETURNING task_id
@@ -69,7 +70,21 @@ WITH moved AS (
 SELECT moved.id FROM moved
 """
 
-# -- Record a replay on its dead letter. --
+# -- Claim the next replay of a dead letter: only if nobody replayed it since the caller read
+# %(seen)s replays (a guarded update: a replay racing this one waits on the row, then finds the
+# count moved and creates nothing). --
+CLAIM_DEAD_LETTER_REPLAY = """
+UPDATE dead_letter_queue SET replayed_at = now(), replay_count = replay_count + 1
+WHERE id = %(id)s AND replay_count = %(seen)s
+RETURNING id
+"""
+
+# -- The task a claimed replay created, on its dead letter. --
+SET_DEAD_LETTER_REPLAY_TASK = """
+UPDATE dead_letter_queue SET replay_task_id = %(task_id)s WHERE id = %(id)s
+"""
+
+# -- Record a replay of a task on its dead letter (a replay of the task itself, not of the letter). --
 MARK_DEAD_LETTER_REPLAYED = """
 UPDATE dead_letter_queue
 SET replayed_at = now(), replay_task_id = %(task_id)s, replay_count = replay_count + 1
