@@ -239,6 +239,8 @@ class Worker(models.Model):
         ordering = ["-connected_at"]
         indexes = [
             models.Index(fields=["last_heartbeat_at"], name="workers_alive_idx", condition=Q(status="CONNECTED")),
+            # Retention: workers disconnected long ago.
+            models.Index(fields=["disconnected_at"], name="workers_gone_idx", condition=Q(status="DISCONNECTED")),
         ]
 
     def __str__(self) -> str:

@@ -182,6 +182,20 @@ WITH picked AS (
 SELECT letters.id, gone.id FROM letters LEFT JOIN gone ON gone.id = letters.task_id
 """
 
+# -- Workers DISCONNECTED for more than %(days)s → deleted, oldest first (workers_gone_idx). Nothing
+# refers to a worker's row (runs keep its id as text), and a worker that comes back with the same
+# id says hello and gets a new row. --
+PRUNE_WORKERS = f"""
+WITH picked AS (
+    SELECT id FROM workers
+    WHERE status = 'DISCONNECTED' AND disconnected_at < {NOW} - %(days)s * interval '1 day'
+    ORDER BY disconnected_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
+)
+DELETE FROM workers w USING picked
+WHERE w.id = picked.id AND w.status = 'DISCONNECTED'
+RETURNING w.id
+"""
+
 # -- DEAD_LETTER tasks older than %(days)s whose dead letter was deleted by hand → deleted. --
 PRUNE_ORPHAN_DEAD_LETTER_TASKS = f"""
 WITH picked AS MATERIALIZED (

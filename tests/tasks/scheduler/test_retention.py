@@ -5,9 +5,9 @@ from datetime import timedelta
 import pytest
 
 from signals.models import Signal
-from tasks.models import DeadLetter, Task, TaskLog, TaskRun
+from tasks.models import DeadLetter, Task, TaskLog, TaskRun, Worker
 from tasks.scheduler.retention import Retention
-from tests.factories import DeadLetterFactory, SignalFactory, TaskFactory, TaskLogFactory, TaskRunFactory
+from tests.factories import DeadLetterFactory, SignalFactory, TaskFactory, TaskLogFactory, TaskRunFactory, WorkerFactory
 from tests.helpers import connect, db_now, make_config, once, run_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -80,3 +80,13 @@ def test_dead_letters_have_their_own_longer_retention():
     replay = Task.objects.get(id=replay.id)
     assert replay.replayed_from_dead_letter_id is None and replay.replayed_from_task_id is None
     assert orphan.id not in set(Task.objects.values_list("id", flat=True))
+
+
+def test_workers_disconnected_long_ago_are_deleted():
+    now = db_now()
+    gone = WorkerFactory(status="DISCONNECTED", disconnected_at=now - timedelta(days=8))
+    recent = WorkerFactory(status="DISCONNECTED", disconnected_at=now - timedelta(days=6))
+    connected = WorkerFactory(status="CONNECTED", last_heartbeat_at=now, connected_at=now - timedelta(days=30))
+    assert once(Retention(make_config(retention_days=7))) == 1
+    assert set(Worker.objects.values_list("id", flat=True)) == {recent.id, connected.id}
+    assert gone.id not in set(Worker.objects.values_list("id", flat=True))
