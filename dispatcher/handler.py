@@ -37,6 +37,16 @@ class HandlerSettings:
     run_log_max_bytes: int = 10 * 1024 * 1024  # and bytes of their messages and metadata
 
 
+class WorkerIdTaken(Exception):
+    """A hello for a worker id that another live process holds (answered ALREADY_EXISTS)."""
+
+
+def _another(holder: str | None, newcomer: str | None) -> bool:
+    """Whether two hellos come from different processes: only when both say which they are
+    (a worker of another SDK, which does not, is let in as a reconnect, as it always was)."""
+    return bool(holder and newcomer and holder != newcomer)
+
+
 class SessionHandler:
     def __init__(self, *, pool: AsyncConnectionPool, sessions: SessionRegistry, writer: Writer, claimer: Claimer,
                  settings: HandlerSettings) -> None:
@@ -50,19 +60,36 @@ class SessionHandler:
 
     async def open_session(self, hello: pb.WorkerHello) -> WorkerSession:
         """Record the worker CONNECTED to this node; whatever an earlier session of the same worker
-        still held (here or on a node that died) is lost in the same transaction."""
+        still held (here or on a node that died) is lost in the same transaction.
+
+        A hello from another process than the one whose session holds the worker id (both say
+        which they are) is refused with WorkerIdTaken while that session is alive: open here,
+        or CONNECTED on a node whose LISTEN connection is open. Two replicas given one id would
+        otherwise close each other's runs at every reconnect."""
         worker_id = hello.worker_id or str(uuid.uuid4())
+        metadata = protocol.json_or_none(hello.metadata) or "{}"
         session = WorkerSession(
             worker_id=worker_id, name=hello.worker_name or worker_id, queues=tuple(dict.fromkeys(hello.queues)),
             concurrency=max(1, hello.concurrency or 1), session_id=uuid.uuid4().hex,
-            metadata=protocol.json_or_none(hello.metadata) or "{}",
+            metadata=metadata, instance=protocol.instance_of(metadata),
         )
-        previous = self.sessions.pop(worker_id)
-        if previous is not None:
-            # Its stream handler notices, stops writing, and releases what it held.
-            log.info("dispatcher: worker %s reconnected; replacing its previous session", worker_id)
-            previous.close()
+        previous = self.sessions.get(worker_id)
+        if previous is not None and not previous.closed and _another(previous.instance, session.instance):
+            raise WorkerIdTaken(f"worker id {worker_id!r} is held by another connected worker process; "
+                                "give each worker process an id of its own")
         async with self.pool.connection() as conn, conn.transaction():
+            holder = await (await conn.execute(sql.HOLDER_OF_WORKER_ID, {
+                "id": worker_id, "instance_key": protocol.INSTANCE_KEY})).fetchone()
+            if holder is not None:
+                node_id, instance, node_alive = holder
+                if node_id != self.settings.node_id and node_alive and _another(instance, session.instance):
+                    raise WorkerIdTaken(f"worker id {worker_id!r} is held by another worker process, connected "
+                                        f"to dispatcher {node_id}; give each worker process an id of its own")
+            previous = self.sessions.pop(worker_id)
+            if previous is not None:
+                # Its stream handler notices, stops writing, and releases what it held.
+                log.info("dispatcher: worker %s reconnected; replacing its previous session", worker_id)
+                previous.close()
             await outcomes.lose_worker_runs(conn, worker_id, "worker disconnected", self.settings.retry_params)
             await conn.execute(sql.UPSERT_WORKER, {
                 "id": worker_id, "name": session.name, "queues": list(session.queues),

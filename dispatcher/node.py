@@ -98,7 +98,7 @@ class DispatcherNode:
         # opened by the first subscriber: most nodes never serve one.
         self.fanout = Fanout(conninfo(application_name=f"valka-dispatcher-events {s.node_id}"))
         self.listener = Listener(
-            conninfo(application_name=f"valka-dispatcher-listen {s.node_id}"),
+            conninfo(application_name=f"{sql.LISTEN_APPLICATION} {s.node_id}"),
             {TASK_READY: self.claimer.wake,
              TASK_CANCELLED: lambda task_id: self.relay.cancel(task_id, "task cancelled"),
              SIGNAL_SENT: self.relay.on_signal},

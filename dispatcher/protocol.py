@@ -23,6 +23,7 @@ from tasks.errors import ValidationError, ValkaError
 from tasks.models import Task, TaskLog
 from tasks.specs import MAX_NAME, check_json, parse_json_text
 from tasks.states import TaskStatus
+from valka.sdk.worker import INSTANCE_KEY
 from valka.v1 import common_pb2, events_pb2
 from valka.v1 import worker_pb2 as pb
 
@@ -74,6 +75,15 @@ def json_or_none(text: str) -> str | None:
     except (ValueError, RecursionError, ValkaError):
         return None
     return text
+
+
+def instance_of(metadata: str) -> str | None:
+    """The worker process's own id from a hello's metadata (the SDK's INSTANCE_KEY), if any."""
+    try:
+        value = json.loads(metadata).get(INSTANCE_KEY) if metadata else None
+    except (ValueError, AttributeError):
+        return None
+    return value if isinstance(value, str) and value else None
 
 
 def hello_problem(hello: pb.WorkerHello) -> str | None:

@@ -49,6 +49,7 @@ class WorkerSession:
     concurrency: int
     session_id: str
     metadata: str = "{}"
+    instance: str | None = None  # the worker process's own id, when its hello says it (valka.instance)
     draining: bool = False
     closed: bool = False
     outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)

@@ -170,6 +170,23 @@ WITH ins AS (
 SELECT count(pg_notify('{TASK_LOG}', run_id::text)) FROM (SELECT DISTINCT run_id FROM ins) runs
 """
 
+# The application name of a dispatcher's LISTEN connection, followed by its node id: while that
+# connection is open, the dispatcher is alive (HOLDER_OF_WORKER_ID).
+LISTEN_APPLICATION = "valka-dispatcher-listen"
+
+# -- A hello for a worker id that a CONNECTED row holds: the holder's node, its process instance
+# (the hello metadata's `valka.instance`), and whether that node is alive (its LISTEN connection
+# is open; application names are cut at 63 bytes). The row is locked until the hello's
+# transaction ends, so two hellos for one id are decided one after the other. --
+HOLDER_OF_WORKER_ID = f"""
+SELECT w.node_id, w.metadata ->> %(instance_key)s,
+       EXISTS (SELECT 1 FROM pg_stat_activity a
+               WHERE a.application_name = left('{LISTEN_APPLICATION} ' || w.node_id, 63)) AS node_alive
+FROM workers w
+WHERE w.id = %(id)s AND w.status = 'CONNECTED'
+FOR UPDATE
+"""
+
 # -- A worker said hello: record (or take over) its row for this node and session. --
 UPSERT_WORKER = """
 INSERT INTO workers (id, name, queues, concurrency, status, node_id, session_id, metadata, connected_at,

@@ -13,7 +13,7 @@ import logging
 
 import grpc
 
-from dispatcher.handler import SessionHandler
+from dispatcher.handler import SessionHandler, WorkerIdTaken
 from dispatcher.protocol import HELLO_TIMEOUT, hello_problem
 from dispatcher.session import CLOSE, WorkerSession
 from valka.v1 import worker_pb2_grpc
@@ -68,6 +68,10 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
                     self.handler.on_sent(session, item.in_flight)
         except asyncio.CancelledError:
             raise
+        except WorkerIdTaken as exc:
+            log.warning("dispatcher: refused a hello: %s", exc)
+            context.set_code(grpc.StatusCode.ALREADY_EXISTS)
+            context.set_details(str(exc))
         except Exception as exc:
             log.info("dispatcher: stream of %s ended: %s", session.worker_id if session else "?", exc)
             if session is None:  # the session could not be opened (the database, mostly): worth a retry

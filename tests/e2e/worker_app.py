@@ -1,8 +1,9 @@
 """A worker process for the end-to-end tests: `python -m tests.e2e.worker_app`.
 
 Configured by environment (VALKA_TEST_SERVER, VALKA_TEST_QUEUES, VALKA_TEST_CONCURRENCY,
-VALKA_TEST_HEARTBEAT, VALKA_TEST_NAME). Handlers do what their input asks, and
-report what they saw through files under `input["mark"]` when given.
+VALKA_TEST_HEARTBEAT, VALKA_TEST_NAME, VALKA_TEST_WORKER_ID, VALKA_TEST_RECONNECT_MAX).
+Handlers do what their input asks, and report what they saw through files under
+`input["mark"]` when given.
 """
 
 import asyncio
@@ -23,6 +24,8 @@ worker = Worker(
     heartbeat_interval=float(os.environ.get("VALKA_TEST_HEARTBEAT", "30")),
     drain_timeout=float(os.environ.get("VALKA_TEST_DRAIN", "10")),
     token=os.environ.get("VALKA_TEST_TOKEN") or None,
+    worker_id=os.environ.get("VALKA_TEST_WORKER_ID") or None,
+    reconnect_max_delay=float(os.environ.get("VALKA_TEST_RECONNECT_MAX", "10")),
 )
 
 

@@ -51,6 +51,7 @@ MAX_OUTPUT = 15 * 1024 * 1024  # bytes of a task's output (JSON); a bigger one f
 MAX_ERROR = 64 * 1024  # characters of an error message; longer ones are cut
 LOG_BATCH_BYTES = 1024 * 1024  # a log batch is sent once it holds this much (or 500 lines)
 LOG_BATCH_LINES = 500
+INSTANCE_KEY = "valka.instance"  # the hello metadata's key for Worker.instance_id
 
 CHANNEL_OPTIONS = [
     ("grpc.keepalive_time_ms", 20_000),
@@ -95,6 +96,10 @@ class Worker:
         self.concurrency = max(1, concurrency)
         self.name = name or f"{socket.gethostname()}-{uuid.uuid4().hex[:6]}"
         self.worker_id = worker_id or str(uuid.uuid4())  # kept across reconnects
+        # This process's own id, sent in the hello's metadata: the dispatcher tells a reconnect of
+        # this worker (let in at once) from another process given the same worker_id (refused
+        # while this one is connected).
+        self.instance_id = uuid.uuid4().hex
         # Default: VALKA_HEARTBEAT_INTERVAL (seconds) or 30 s; the dispatcher extends leases by
         # VALKA_LEASE_EXTENSION (60 s) on each, so one lost heartbeat costs nothing.
         self.heartbeat_interval = heartbeat_interval or float(os.environ.get("VALKA_HEARTBEAT_INTERVAL", "30"))
@@ -160,7 +165,12 @@ class Worker:
                                       grpc.StatusCode.FAILED_PRECONDITION):
                         log.error("worker: the dispatcher refused the session: %s", exc.details())
                         raise
-                    log.warning("worker: stream to %s broke: %s %s", self.server, exc.code().name, exc.details())
+                    if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
+                        # Another process holds this worker_id; it may be on its way out: try again.
+                        log.error("worker: the dispatcher refused the session: %s", exc.details())
+                    else:
+                        log.warning("worker: stream to %s broke: %s %s", self.server, exc.code().name,
+                                    exc.details())
                 except (ConnectionError, OSError) as exc:
                     log.warning("worker: cannot reach %s: %s", self.server, exc)
                 self.connected = False
@@ -187,7 +197,7 @@ class Worker:
             self._outbox = asyncio.Queue()
             await call.write(pb.WorkerRequest(hello=pb.WorkerHello(
                 worker_id=self.worker_id, worker_name=self.name, queues=self.queues,
-                concurrency=self.concurrency, metadata=json.dumps(self.metadata),
+                concurrency=self.concurrency, metadata=json.dumps({**self.metadata, INSTANCE_KEY: self.instance_id}),
             )))
             helpers = [
                 asyncio.create_task(self._write(call)),
