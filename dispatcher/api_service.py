@@ -14,7 +14,7 @@ from tasks import selectors, services
 from tasks.api.auth import api_key_valid
 from tasks.api.pagination import MAX_OFFSET, Page
 from tasks.errors import ValidationError, ValkaError
-from tasks.live import OVERFLOW, Fanout, decode_events, tail_run_log
+from tasks.live import LAGGED, Fanout, Lagged, decode_events, tail_run_log
 from tasks.models import TaskLog
 from tasks.notify import TASK_EVENT, TASK_LOG
 from valka.conf import valka_settings
@@ -135,8 +135,9 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
             await context.send_initial_metadata((("x-valka-subscribed", "events"),))
             while True:
                 payload = await inbox.get()
-                if payload == OVERFLOW:
-                    continue
+                if payload == LAGGED:
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                        "lagged: this subscriber fell behind and is disconnected; subscribe again")
                 for event in decode_events(payload, queue=request.queue_name or None):
                     yield protocol.task_event(event)
         finally:
@@ -154,10 +155,14 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
         try:
             await self.fanout.ready()
             after = 0 if request.include_history else await _db(_last_log_id)(request.task_run_id)
-            async for lines in tail_run_log(inbox, run_id=request.task_run_id, after=after, wait=5.0,
-                                            page=_db(_log_page), is_open=_db(_run_open)):
-                for line in lines or ():
-                    yield protocol.log_entry(line)
+            try:
+                async for lines in tail_run_log(inbox, run_id=request.task_run_id, after=after, wait=5.0,
+                                                page=_db(_log_page), is_open=_db(_run_open)):
+                    for line in lines or ():
+                        yield protocol.log_entry(line)
+            except Lagged:
+                await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                    "lagged: this subscriber fell behind and is disconnected; subscribe again")
         finally:
             self.fanout.unsubscribe(TASK_LOG, inbox)
 

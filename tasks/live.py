@@ -6,8 +6,9 @@ dispatcher. It is opened by the first subscription, not before, and closed a
 while after the last one leaves: while it is open PostgreSQL builds and sends
 an event for every status change, which costs it about a third of a drain's
 work, so nobody should pay for events nobody reads. A subscriber that falls
-behind loses the oldest notifications rather than slowing everyone down (it
-is told with an `overflow` marker).
+QUEUE_LIMIT notifications behind is dropped rather than buffered without
+end or allowed to slow everyone down: it gets the LAGGED marker, and its
+stream tells its client so and ends (the client subscribes again).
 """
 
 from __future__ import annotations
@@ -20,8 +21,12 @@ from typing import Any, Protocol
 from tasks.notify import TASK_EVENT, TASK_LOG
 from tasks.sql import live as sql
 
-QUEUE_LIMIT = 10_000
-OVERFLOW = "__overflow__"
+QUEUE_LIMIT = 1_000  # notifications a subscriber may be behind (each at most 8,000 bytes)
+LAGGED = "__lagged__"
+
+
+class Lagged(Exception):
+    """The subscriber fell QUEUE_LIMIT notifications behind and was dropped."""
 
 
 class Fanout:
@@ -102,11 +107,16 @@ class Fanout:
 
     def publisher(self, channel: str) -> Callable[[str], None]:
         def publish(payload: str) -> None:
-            for queue in self._subscribers.get(channel, ()):
+            subscribers = self._subscribers.get(channel, set())
+            for queue in list(subscribers):
                 if queue.full():
-                    queue.get_nowait()
-                    queue.put_nowait(OVERFLOW)
-                queue.put_nowait(payload)
+                    # Fallen behind: it gets nothing more but the news, and its stream ends.
+                    while not queue.empty():
+                        queue.get_nowait()
+                    queue.put_nowait(LAGGED)
+                    subscribers.discard(queue)
+                else:
+                    queue.put_nowait(payload)
 
         return publish
 
@@ -159,7 +169,8 @@ async def tail_run_log[L: LogLine](
     page is read, so no line written after it is missed); `page(run_id, after)` reads the next
     lines and `is_open(run_id)` whether the run is still RUNNING. Once it is not, the lines
     written before it closed are read once more and the tail ends. Yields None when `wait`
-    seconds pass without a wake-up (time for a keep-alive).
+    seconds pass without a wake-up (time for a keep-alive); raises Lagged when the subscription
+    fell behind.
     """
     while True:
         lines = await page(run_id, after)
@@ -172,7 +183,8 @@ async def tail_run_log[L: LogLine](
                 yield lines
             return
         try:
-            while await asyncio.wait_for(inbox.get(), wait) not in (run_id, OVERFLOW):
-                pass
+            while (payload := await asyncio.wait_for(inbox.get(), wait)) != run_id:
+                if payload == LAGGED:
+                    raise Lagged(run_id)
         except TimeoutError:
             yield None

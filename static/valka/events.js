@@ -50,5 +50,5 @@
   source.addEventListener("open", function () { state.textContent = "live"; });
   source.addEventListener("error", function () { state.textContent = "reconnecting…"; });
   source.addEventListener("task", function (message) { show(JSON.parse(message.data)); });
-  source.addEventListener("overflow", function () { state.textContent = "live (some events were skipped)"; });
+  source.addEventListener("lagged", function () { state.textContent = "reconnecting (this page fell behind)"; });
 })();

@@ -19,7 +19,7 @@ from tasks import selectors
 from tasks.api.auth import ApiKeyAuthentication
 from tasks.api.errors import error_body
 from tasks.errors import ValkaError
-from tasks.live import OVERFLOW, decode_events, process_fanout, tail_run_log
+from tasks.live import LAGGED, Lagged, decode_events, process_fanout, tail_run_log
 from tasks.models import TaskLog
 from tasks.notify import TASK_EVENT, TASK_LOG
 from valka.conf import valka_settings
@@ -85,9 +85,9 @@ async def events(request: HttpRequest) -> Any:
                 except TimeoutError:
                     yield ": keepalive\n\n"
                     continue
-                if payload == OVERFLOW:
-                    yield _sse("overflow", {"message": "events were dropped: this client is too slow"})
-                    continue
+                if payload == LAGGED:
+                    yield _sse("lagged", {"message": "this client fell behind and is disconnected: connect again"})
+                    return
                 for event in decode_events(payload, queue=queue_filter):
                     yield _sse("task", event, event.get("event_id"))
         finally:
@@ -125,13 +125,17 @@ async def logs(request: HttpRequest, pk: str, run_id: str) -> Any:
         try:
             await fanout.ready()
             yield ": connected\n\n"
-            async for lines in tail_run_log(inbox, run_id=str(run.id), after=after, wait=KEEPALIVE,
-                                            page=sync_to_async(_log_page), is_open=sync_to_async(_run_open)):
-                if lines is None:
-                    yield ": keepalive\n\n"
-                    continue
-                for line in lines:
-                    yield _sse("log", _log_dict(line), str(line.id))
+            try:
+                async for lines in tail_run_log(inbox, run_id=str(run.id), after=after, wait=KEEPALIVE,
+                                                page=sync_to_async(_log_page), is_open=sync_to_async(_run_open)):
+                    if lines is None:
+                        yield ": keepalive\n\n"
+                        continue
+                    for line in lines:
+                        yield _sse("log", _log_dict(line), str(line.id))
+            except Lagged:
+                yield _sse("lagged", {"message": "this client fell behind and is disconnected: resume with after"})
+                return
             yield _sse("end", {"run_id": str(run.id)})
         finally:
             fanout.unsubscribe(TASK_LOG, inbox)

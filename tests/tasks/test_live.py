@@ -7,7 +7,7 @@ import json
 import psycopg
 import pytest
 
-from tasks.live import Fanout, decode_events
+from tasks.live import LAGGED, QUEUE_LIMIT, Fanout, decode_events
 from tasks.notify import TASK_EVENT
 from tests.helpers import database_url, no_event_watchers_left
 
@@ -82,3 +82,23 @@ def test_decode_events_keeps_the_events_of_the_queue_asked_for():
     assert decode_events(json.dumps({"task_id": "c", "queue_name": "emails"}), queue="emails") == [
         {"task_id": "c", "queue_name": "emails"}]
     assert decode_events("not json") == []
+
+
+def test_a_subscriber_that_falls_behind_is_dropped_with_the_lagged_marker():
+    async def scenario() -> tuple[list[str], list[str], bool]:
+        fanout = Fanout()  # no LISTEN connection: payloads are published by hand
+        slow, quick = fanout.subscribe(TASK_EVENT), fanout.subscribe(TASK_EVENT)
+        publish = fanout.publisher(TASK_EVENT)
+        seen = []
+        for i in range(QUEUE_LIMIT + 5):
+            publish(str(i))
+            seen.append(await quick.get())  # this one keeps up
+        left = []
+        while not slow.empty():
+            left.append(slow.get_nowait())
+        return left, seen, fanout.has_subscribers(TASK_EVENT)
+
+    left, seen, still = asyncio.run(scenario())
+    assert left == [LAGGED]  # nothing buffered beyond the limit: only the news that it lagged
+    assert seen == [str(i) for i in range(QUEUE_LIMIT + 5)]
+    assert still  # the quick one is still subscribed
