@@ -22,6 +22,7 @@ import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
@@ -66,16 +67,29 @@ class Floor:
     since: float
 
 
+async def _first(*waits: Any) -> None:
+    """Wait until the first of `waits` is done."""
+    tasks = [asyncio.ensure_future(w) for w in waits]
+    try:
+        await asyncio.wait(tasks, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in tasks:
+            task.cancel()
+
+
 class Claimer:
     """Claims on `pool` (connections set up with sql.CLAIM_SESSION) for the sessions in `sessions`;
     `unsend(task_ids)` puts back tasks claimed for sessions that closed before they got them."""
 
     def __init__(self, *, pool: AsyncConnectionPool, sessions: SessionRegistry, settings: ClaimerSettings,
-                 unsend: Callable[[list[str]], None]) -> None:
+                 unsend: Callable[[list[str]], None], room: asyncio.Event | None = None) -> None:
         self.pool = pool
         self.sessions = sessions
         self.settings = settings
         self.unsend = unsend
+        # Set while the writer can take more (dispatcher.writer.Writer.room): a task claimed now
+        # would add a start and, soon, a result to a full buffer.
+        self.room = room
         self._wake = asyncio.Event()
         self._queues: set[str] = set()
         self._everything = True
@@ -131,6 +145,11 @@ class Claimer:
                 self._everything = self._urgent = True
             if stop.is_set():
                 return
+            if self.room is not None and not self.room.is_set():
+                await _first(self.room.wait(), stop.wait())
+                self._everything = self._urgent = True
+                if stop.is_set():
+                    return
             await self._gather()
             self._wake.clear()
             served = self.sessions.served_queues()

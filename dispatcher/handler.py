@@ -143,6 +143,12 @@ class SessionHandler:
         for queue in session.queues:
             self.claimer.wake(queue)
 
+    async def wait_for_room(self) -> None:
+        """Before a stream reads its next message: while the writer's buffer is full, reading
+        waits, and gRPC's flow control holds the worker back."""
+        if not self.writer.room.is_set():
+            await self.writer.room.wait()
+
     # -- the worker's messages --
     def on_sent(self, session: WorkerSession, entry: InFlight) -> None:
         """An assignment left for the worker: its start goes to the writer."""
@@ -167,8 +173,9 @@ class SessionHandler:
     def on_heartbeat(self, session: WorkerSession, beat: pb.Heartbeat) -> None:
         """Extend the leases of the runs the worker says it holds (only those it really holds are;
         runs the cluster closed behind its back are the sweep's to stop)."""
-        self.writer.heartbeat(session.worker_id, session.session_id,
-                              [t for t in beat.active_task_ids if protocol.valid_uuid(t)])
+        # A worker holds at most its concurrency (or what it was given): more ids are not its own.
+        named = beat.active_task_ids[:max(session.concurrency, len(session.in_flight))]
+        self.writer.heartbeat(session.worker_id, session.session_id, [t for t in named if protocol.valid_uuid(t)])
         session.send(protocol.heartbeat_ack())
 
     def on_logs(self, session: WorkerSession, batch: pb.LogBatch) -> None:

@@ -52,6 +52,8 @@ class NodeSettings:
     sweep_interval: float = 5.0
     run_log_max_lines: int = 10_000
     run_log_max_bytes: int = 10 * 1024 * 1024
+    buffer_bytes: int = 32 * 1024 * 1024
+    max_worker_concurrency: int = 1_000
     retry_params: dict[str, float] = field(default_factory=dict)
 
     @classmethod
@@ -68,6 +70,8 @@ class NodeSettings:
             sweep_interval=float(valka_settings.DISPATCH_SWEEP_INTERVAL),
             run_log_max_lines=int(valka_settings.RUN_LOG_MAX_LINES),
             run_log_max_bytes=int(valka_settings.RUN_LOG_MAX_BYTES),
+            buffer_bytes=int(valka_settings.DISPATCH_BUFFER_BYTES),
+            max_worker_concurrency=int(valka_settings.MAX_WORKER_CONCURRENCY),
             retry_params=RetryPolicy.from_settings().sql_params(),
         )
 
@@ -83,8 +87,9 @@ class DispatcherNode:
         self.relay = Relay(pool=self.pool, sessions=self.sessions)
         self.writer = Writer(pool=self.pool, relay=self.relay, cancel=self.relay.cancel,
                              settings=WriterSettings(node_id=s.node_id, lease_extension=s.lease_extension,
-                                                     retry_params=s.retry_params))
+                                                     retry_params=s.retry_params, buffer_bytes=s.buffer_bytes))
         self.claimer = Claimer(pool=self.claim_pool, sessions=self.sessions, unsend=self.writer.unsend,
+                               room=self.writer.room,
                                settings=ClaimerSettings(node_id=s.node_id, poll_interval=s.poll_interval))
         self.handler = SessionHandler(pool=self.pool, sessions=self.sessions, writer=self.writer,
                                       claimer=self.claimer,

@@ -30,7 +30,7 @@ from valka.v1 import worker_pb2 as pb
 # -- Limits --
 HELLO_TIMEOUT = 30.0  # seconds from the stream's start to its hello
 MAX_QUEUES = 100  # queues one worker serves
-MAX_CONCURRENCY = 10_000
+MAX_CONCURRENCY = 1_000  # tasks one worker may hold at once (VALKA_MAX_WORKER_CONCURRENCY)
 MAX_LOG_MESSAGE = 64 * 1024  # characters of a log line or an error message; longer ones are cut
 MAX_MESSAGE = 16 * 1024 * 1024  # bytes of one gRPC message, either way: a bigger one ends the stream
 # Bytes of a task's output (JSON text): over it, the run fails. Below MAX_MESSAGE with room to spare,
@@ -86,15 +86,15 @@ def instance_of(metadata: str) -> str | None:
     return value if isinstance(value, str) and value else None
 
 
-def hello_problem(hello: pb.WorkerHello) -> str | None:
+def hello_problem(hello: pb.WorkerHello, max_concurrency: int = MAX_CONCURRENCY) -> str | None:
     """Why a hello is refused (the stream ends INVALID_ARGUMENT with this), or None."""
     queues = [q for q in hello.queues if q]
     if not queues:
         return "hello.queues: at least one queue is required"
     if len(queues) > MAX_QUEUES or any(len(q) > MAX_NAME for q in queues):
         return f"hello.queues: at most {MAX_QUEUES} names of {MAX_NAME} characters"
-    if hello.concurrency < 0 or hello.concurrency > MAX_CONCURRENCY:
-        return f"hello.concurrency: must be between 1 and {MAX_CONCURRENCY}"
+    if hello.concurrency < 0 or hello.concurrency > max_concurrency:
+        return f"hello.concurrency: must be between 1 and {max_concurrency}"
     if len(hello.worker_id) > MAX_NAME or len(hello.worker_name) > MAX_NAME:
         return f"hello.worker_id/worker_name: at most {MAX_NAME} characters"
     for name, values in (("queues", queues), ("worker_id", [hello.worker_id]), ("worker_name", [hello.worker_name])):

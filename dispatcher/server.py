@@ -39,7 +39,8 @@ class Dispatcher:
         self.server = grpc.aio.server(options=SERVER_OPTIONS)
         worker_pb2_grpc.add_WorkerServiceServicer_to_server(
             WorkerService(self.node.handler, worker_token=self.node.settings.worker_token,
-                          node_id=self.node.settings.node_id), self.server)
+                          node_id=self.node.settings.node_id,
+                          max_concurrency=self.node.settings.max_worker_concurrency), self.server)
         api_pb2_grpc.add_ApiServiceServicer_to_server(ApiService(self.node.fanout), self.server)
         self.health = health.aio.HealthServicer()
         health_pb2_grpc.add_HealthServicer_to_server(self.health, self.server)

@@ -4,12 +4,15 @@ registry of this node's sessions. In memory only, touched by the event loop's th
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 from valka.v1 import worker_pb2 as pb
+
+log = logging.getLogger("valka.dispatcher")
 
 
 @dataclass(eq=False)
@@ -39,6 +42,7 @@ class Outgoing:
 
 
 CLOSE = object()
+OUTBOX_LIMIT = 10_000  # messages waiting for one worker
 
 
 @dataclass(eq=False)
@@ -72,8 +76,16 @@ class WorkerSession:
         return entry
 
     def send(self, message: pb.WorkerResponse, in_flight: InFlight | None = None) -> None:
-        if not self.closed:
-            self.outbox.put_nowait(Outgoing(message, in_flight))
+        """Queue `message` for the worker. A worker that lets OUTBOX_LIMIT messages pile up is
+        not reading: its session is closed rather than left to grow."""
+        if self.closed:
+            return
+        if self.outbox.qsize() >= OUTBOX_LIMIT:
+            log.warning("dispatcher: worker %s reads nothing (%d messages waiting); closing its session",
+                        self.worker_id, self.outbox.qsize())
+            self.close()
+            return
+        self.outbox.put_nowait(Outgoing(message, in_flight))
 
     def close(self) -> None:
         if not self.closed:

@@ -14,7 +14,7 @@ import logging
 import grpc
 
 from dispatcher.handler import SessionHandler, WorkerIdTaken
-from dispatcher.protocol import HELLO_TIMEOUT, hello_problem
+from dispatcher.protocol import HELLO_TIMEOUT, MAX_CONCURRENCY, hello_problem
 from dispatcher.session import CLOSE, WorkerSession
 from valka.v1 import worker_pb2_grpc
 
@@ -24,10 +24,12 @@ log = logging.getLogger("valka.dispatcher")
 class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
     """Streams of workers that present `worker_token` (when one is set), handed to `handler`."""
 
-    def __init__(self, handler: SessionHandler, *, worker_token: str, node_id: str) -> None:
+    def __init__(self, handler: SessionHandler, *, worker_token: str, node_id: str,
+                 max_concurrency: int = MAX_CONCURRENCY) -> None:
         self.handler = handler
         self.worker_token = worker_token
         self.node_id = node_id
+        self.max_concurrency = max_concurrency
 
     async def Session(self, request_iterator, context: grpc.aio.ServicerContext):  # noqa: N802 (gRPC name)
         token = self.worker_token
@@ -48,7 +50,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "the first message of a session must be hello")
         hello = first.hello
-        problem = hello_problem(hello)
+        problem = hello_problem(hello, self.max_concurrency)
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)
         self.handler.open_streams += 1
@@ -91,6 +93,7 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
         handler = self.handler
         try:
             while True:
+                await handler.wait_for_room()
                 msg = await context.read()
                 if msg is grpc.aio.EOF:
                     break

@@ -1,5 +1,10 @@
 """The dispatcher's single writer: buffers what workers report and writes it in batches.
 
+The buffer is bounded (`buffer_bytes`, counted from the outputs, errors and log lines it
+holds): once full, `room` is cleared until a pass has written half of it, and the node's
+claimer and stream readers wait for it. Workers are held back by gRPC's flow control, and
+nothing is dropped, while the database is slow or away.
+
 Starts (DISPATCHING → RUNNING), results, heartbeats, log lines and signal
 acknowledgements pile up
 while a flush is in progress and go out together in the next one, so under
@@ -35,6 +40,20 @@ class WriterSettings:
     node_id: str  # the node whose claims the starts move (tasks.claimed_by)
     lease_extension: float  # seconds a heartbeat extends a lease by
     retry_params: dict[str, float] = field(default_factory=dict)  # tasks.retry.RetryPolicy.sql_params()
+    buffer_bytes: int = 32 * 1024 * 1024  # what the buffer may hold before the node waits for it
+
+
+ITEM = 200  # bytes counted for each buffered item, besides its text
+HEARTBEAT_ITEM = 64  # and for each task id of a heartbeat
+
+
+def _size(item: Any) -> int:
+    """What a buffered item counts for against `buffer_bytes`."""
+    if isinstance(item, Result):
+        return ITEM + len(item.value or "")
+    if isinstance(item, LogLine):
+        return ITEM + len(item.message) + len(item.metadata or "")
+    return ITEM  # a start, an acknowledgement
 
 
 class Writer:
@@ -55,28 +74,31 @@ class Writer:
         self._logs: list[LogLine] = []
         self._acks: list[tuple[str, str]] = []  # (worker id, signal id)
         self._wake = asyncio.Event()
+        self._bytes = 0  # what the buffer holds, as `_size` counts it
+        self.room = asyncio.Event()  # set while the buffer is under its bound
+        self.room.set()
 
     # -- producers (called from stream handlers; never block) --
     def start(self, entry: InFlight, worker_id: str) -> None:
         self._starts.append((entry, worker_id))
-        self._poke()
+        self._poke(ITEM)
 
     def result(self, result: Result) -> None:
         self._results.append(result)
-        self._poke()
+        self._poke(_size(result))
 
     def heartbeat(self, worker_id: str, session_id: str, task_ids: list[str]) -> None:
         self._heard[worker_id] = session_id
         self._heartbeats.extend((worker_id, t) for t in task_ids)
-        self._poke()
+        self._poke(HEARTBEAT_ITEM * len(task_ids))
 
     def logs(self, lines: list[LogLine]) -> None:
         self._logs.extend(lines)
-        self._poke()
+        self._poke(sum(_size(line) for line in lines))
 
     def ack(self, worker_id: str, signal_id: str) -> None:
         self._acks.append((worker_id, signal_id))
-        self._poke()
+        self._poke(ITEM)
 
     def unsend(self, task_ids: list[str]) -> None:
         """Put back, at once, tasks claimed for sessions that closed before they were sent:
@@ -92,8 +114,16 @@ class Writer:
     def pending(self) -> bool:
         return bool(self._starts or self._results or self._heartbeats or self._heard or self._logs or self._acks)
 
-    def _poke(self) -> None:
+    def _poke(self, added: int) -> None:
+        self._count(added)
         self._wake.set()
+
+    def _count(self, delta: int) -> None:
+        self._bytes += delta
+        if self._bytes >= self.settings.buffer_bytes:
+            self.room.clear()
+        elif self._bytes <= self.settings.buffer_bytes // 2:
+            self.room.set()
 
     # -- the loop --
     async def run(self, stop: asyncio.Event) -> None:
@@ -144,6 +174,7 @@ class Writer:
                         raise
                     except psycopg.Error as exc:
                         setattr(self, name, [])
+                        self._count(-_size(item))
                         log.error("dispatcher: dropped a %s PostgreSQL refused: %s", name.strip("_"), exc)
                         if name == "_starts":
                             # The task stays DISPATCHING (the reaper puts it back): the worker that
@@ -153,6 +184,7 @@ class Writer:
                             self._results = [Result(item.run_id, item.worker_id, False, False,
                                                     f"the worker's result could not be stored ({exc.sqlstate})",
                                                     None)]
+                            self._count(_size(self._results[0]))
                             await self.flush_once()
                     waiting[name].extend(getattr(self, name))  # not ready yet: kept for later
                     setattr(self, name, [])
@@ -212,6 +244,8 @@ class Writer:
             self._heard = {**heard, **self._heard}
             self._acks[:0] = acks
             raise
+        self._count(-(ITEM * len(starts) + sum(_size(r) for r in results) + sum(_size(line) for line in lines)
+                      + HEARTBEAT_ITEM * len(beats) + ITEM * len(acks)))
         self._settle_starts(starts, started)
         if taken:  # marked DELIVERED in this pass: sent only now that it has committed
             await self.relay.send_taken(taken)

@@ -1,6 +1,9 @@
 """Every shared fixture, and the `slow` marker. The helpers they use are in tests/helpers.py."""
 
 import itertools
+import os
+import subprocess
+import sys
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -8,7 +11,9 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from tasks.api.auth import api_key_create
-from tests.helpers import Listener, Stack
+from tests.helpers import ROOT, Listener, Stack
+from valka import devdb
+from valka.devdb import free_port
 
 
 def pytest_configure(config):
@@ -90,3 +95,25 @@ def listen():
     yield start
     for listener in opened:
         listener.close()
+
+
+@pytest.fixture
+def own_cluster(tmp_path):
+    """A throwaway PostgreSQL for one test, migrated, that the test may stop and start."""
+    cluster = devdb.Cluster(tmp_path / "pg", free_port(), durable=False)
+    cluster.start()
+    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, check=True, timeout=120,
+                   env={**os.environ, "DATABASE_URL": cluster.url, "VALKA_DB_POOL": "false"})
+    yield cluster
+    cluster.stop("immediate")
+    cluster.remove_files()
+
+
+@pytest.fixture
+def own_stack(own_cluster, tmp_path, request):
+    """The stack's processes on `own_cluster`, killed at teardown; their logs printed on failure."""
+    stack = Stack(tmp_path, own_cluster.url)
+    yield stack
+    stack.stop_all()
+    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
+        print(stack.logs())

@@ -96,6 +96,12 @@ def assert_error(response, status, code, field=None):
         assert field in body["message"]
 
 
+def query(cluster: Any, sql: str, *params: Any) -> list[tuple]:
+    """Rows of `sql` on a cluster of a test's own (the `own_cluster` fixture), not the test database."""
+    with psycopg.connect(cluster.url, autocommit=True, connect_timeout=5) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
 # -- The real stack, as processes talking gRPC over loopback to each other and to the test database. --
 
 class Stack:

@@ -166,6 +166,11 @@ VALKA = {
     "DISPATCH_SWEEP_INTERVAL": env.float("VALKA_DISPATCH_SWEEP_INTERVAL", default=5.0),
     # A run's log is kept up to this many lines and bytes; the rest is dropped, and one line says how much.
     "RUN_LOG_MAX_LINES": env.int("VALKA_RUN_LOG_MAX_LINES", default=10_000),
+    # What a dispatcher buffers for the database (results, logs) before it stops claiming and
+    # stops reading from workers until the database has taken half of it.
+    "DISPATCH_BUFFER_BYTES": env.int("VALKA_DISPATCH_BUFFER_BYTES", default=32 * 1024 * 1024),
+    # The concurrency a worker may ask for in its hello; more is refused (INVALID_ARGUMENT).
+    "MAX_WORKER_CONCURRENCY": env.int("VALKA_MAX_WORKER_CONCURRENCY", default=1_000),
     "RUN_LOG_MAX_BYTES": env.int("VALKA_RUN_LOG_MAX_BYTES", default=10 * 1024 * 1024),
     "DRAIN_SECONDS": env.int("VALKA_DRAIN_SECONDS", default=30),
     "REAPER_INTERVAL": env.float("VALKA_REAPER_INTERVAL", default=30.0),

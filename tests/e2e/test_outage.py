@@ -8,47 +8,16 @@ worker on the time the outage took.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from collections import Counter
 from pathlib import Path
 
 import grpc
-import psycopg
 import pytest
 
-from tests.helpers import ROOT, Stack, wait_for
+from tests.helpers import Stack, query, wait_for
 from valka import devdb
-from valka.devdb import free_port
 from valka.v1 import api_pb2, api_pb2_grpc
-
-
-@pytest.fixture
-def own_cluster(tmp_path):
-    """A throwaway PostgreSQL for one test, migrated, that the test may stop and start."""
-    cluster = devdb.Cluster(tmp_path / "pg", free_port(), durable=False)
-    cluster.start()
-    subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, check=True, timeout=120,
-                   env={**os.environ, "DATABASE_URL": cluster.url, "VALKA_DB_POOL": "false"})
-    yield cluster
-    cluster.stop("immediate")
-    cluster.remove_files()
-
-
-@pytest.fixture
-def own_stack(own_cluster, tmp_path, request):
-    stack = Stack(tmp_path, own_cluster.url)
-    yield stack
-    stack.stop_all()
-    if request.node.rep_call.failed if hasattr(request.node, "rep_call") else False:
-        print(stack.logs())
-
-
-def _query(cluster: devdb.Cluster, sql: str, *params) -> list[tuple]:
-    with psycopg.connect(cluster.url, autocommit=True, connect_timeout=5) as conn:
-        return conn.execute(sql, params).fetchall()
 
 
 def _long_tasks(addr: str, count: int, seconds: float, marks: Path, **fields) -> list[str]:
@@ -65,24 +34,24 @@ def _outage(cluster: devdb.Cluster, stack: Stack, marks: Path, *, seconds: float
     stack.scheduler(**env)
     for name in ("a", "b"):
         stack.worker(addr, queues="long", concurrency=4, name=name, heartbeat=heartbeat)
-    wait_for(lambda: _query(cluster, "SELECT count(*) FROM workers WHERE status = 'CONNECTED'")[0][0] == 2,
+    wait_for(lambda: query(cluster, "SELECT count(*) FROM workers WHERE status = 'CONNECTED'")[0][0] == 2,
              what="both workers connected")
     ids = _long_tasks(addr, 8, task_seconds, marks, timeout_seconds=timeout_seconds)
-    wait_for(lambda: _query(cluster, "SELECT count(*) FROM tasks WHERE status = 'RUNNING'")[0][0] == 8,
+    wait_for(lambda: query(cluster, "SELECT count(*) FROM tasks WHERE status = 'RUNNING'")[0][0] == 8,
              what="the eight tasks running")
 
     cluster.stop("fast")
     time.sleep(seconds)
     cluster.start()
 
-    wait_for(lambda: _query(cluster, "SELECT count(*) FROM tasks WHERE status = 'COMPLETED'")[0][0] == 8,
+    wait_for(lambda: query(cluster, "SELECT count(*) FROM tasks WHERE status = 'COMPLETED'")[0][0] == 8,
              timeout=task_seconds + 60, what="the eight tasks completed")
-    runs = _query(cluster, "SELECT task_id::text, status FROM task_runs")
+    runs = query(cluster, "SELECT task_id::text, status FROM task_runs")
     assert sorted(runs) == sorted((task_id, "COMPLETED") for task_id in ids)  # one run each, none LOST
     started = Counter(path.name.split(".")[0] for path in marks.glob("*.started.*"))
     finished = Counter(path.name.split(".")[0] for path in marks.glob("*.finished.*"))
     assert started == finished == Counter(ids)  # each handler ran once, to its end
-    assert wait_for(lambda: _query(cluster, "SELECT name, status FROM workers ORDER BY name") == [
+    assert wait_for(lambda: query(cluster, "SELECT name, status FROM workers ORDER BY name") == [
         ("a", "CONNECTED"), ("b", "CONNECTED")], timeout=15, what="both workers connected")
 
 

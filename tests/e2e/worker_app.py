@@ -106,8 +106,15 @@ async def big_output(ctx):
 
 @worker.task("many_logs")
 async def many_logs(ctx):
+    """Logs `lines` lines of `bytes` bytes as fast as it can, once the file `gate` exists if given."""
+    mark(ctx, "started")
+    gate = ctx.input.get("gate")
+    while gate and not Path(gate).exists():
+        await asyncio.sleep(0.05)
     for i in range(ctx.input["lines"]):
         ctx.log(f"{i:06d} " + "y" * ctx.input["bytes"])
+        if i % 500 == 0:
+            await asyncio.sleep(0)  # let the worker send while it logs
     return {"logged": ctx.input["lines"]}
 
 
