@@ -56,11 +56,17 @@ class SessionHandler:
         self.claimer = claimer
         self.settings = settings
         self.accepting = True  # False once the node stops: new streams are refused
+        self.handing_over = False  # True once the node stops: a closing session keeps its runs RUNNING
         self.open_streams = 0  # stream handlers still running (their cleanup included)
 
     async def open_session(self, hello: pb.WorkerHello) -> WorkerSession:
-        """Record the worker CONNECTED to this node; whatever an earlier session of the same worker
-        still held (here or on a node that died) is lost in the same transaction.
+        """Record the worker CONNECTED to this node.
+
+        The same process coming back (its hello names the process instance its row names) keeps
+        the runs it still holds: a dispatcher that stopped handed them over rather than losing
+        them, and they carry on in this session (its first heartbeat says which it still runs).
+        Otherwise whatever an earlier session of the worker id held (here, or on a node that
+        died) is lost, in the same transaction.
 
         A hello from another process than the one whose session holds the worker id (both say
         which they are) is refused with WorkerIdTaken while that session is alive: open here,
@@ -78,34 +84,43 @@ class SessionHandler:
             raise WorkerIdTaken(f"worker id {worker_id!r} is held by another connected worker process; "
                                 "give each worker process an id of its own")
         async with self.pool.connection() as conn, conn.transaction():
-            holder = await (await conn.execute(sql.HOLDER_OF_WORKER_ID, {
+            row = await (await conn.execute(sql.WORKER_ROW, {
                 "id": worker_id, "instance_key": protocol.INSTANCE_KEY})).fetchone()
-            if holder is not None:
-                node_id, instance, node_alive = holder
-                if node_id != self.settings.node_id and node_alive and _another(instance, session.instance):
-                    raise WorkerIdTaken(f"worker id {worker_id!r} is held by another worker process, connected "
-                                        f"to dispatcher {node_id}; give each worker process an id of its own")
+            status, node_id, instance, node_alive = row if row is not None else (None, None, None, False)
+            if (status == "CONNECTED" and node_id != self.settings.node_id and node_alive
+                    and _another(instance, session.instance)):
+                raise WorkerIdTaken(f"worker id {worker_id!r} is held by another worker process, connected "
+                                    f"to dispatcher {node_id}; give each worker process an id of its own")
             previous = self.sessions.pop(worker_id)
             if previous is not None:
                 # Its stream handler notices, stops writing, and releases what it held.
                 log.info("dispatcher: worker %s reconnected; replacing its previous session", worker_id)
                 previous.close()
-            await outcomes.lose_worker_runs(conn, worker_id, "worker disconnected", self.settings.retry_params)
+            if session.instance is not None and instance == session.instance:
+                adopted = await (await conn.execute(sql.RUNS_TO_ADOPT, {"worker_id": worker_id})).fetchall()
+            else:
+                adopted = []
+                await outcomes.lose_worker_runs(conn, worker_id, "worker disconnected", self.settings.retry_params)
             await conn.execute(sql.UPSERT_WORKER, {
                 "id": worker_id, "name": session.name, "queues": list(session.queues),
                 "concurrency": session.concurrency, "node_id": self.settings.node_id,
                 "session_id": session.session_id, "metadata": session.metadata,
             })
+        for run_id, task_id, queue, attempt in adopted:
+            session.adopt(InFlight(task_id=task_id, run_id=run_id, queue=queue, attempt=attempt, sent=True))
         self.sessions.add(session)
-        log.info("dispatcher: worker %s (%s) connected: queues=%s concurrency=%d", worker_id, session.name,
-                 ",".join(session.queues), session.concurrency)
+        log.info("dispatcher: worker %s (%s) connected: queues=%s concurrency=%d%s", worker_id, session.name,
+                 ",".join(session.queues), session.concurrency,
+                 f"; {len(adopted)} running tasks carried over" if adopted else "")
         for queue in session.queues:
             self.claimer.wake(queue)
         return session
 
     async def close_session(self, session: WorkerSession, reason: str = "worker disconnected") -> None:
-        """The stream ended and its writer has stopped: unsent tasks go back to PENDING,
-        running ones are lost (retried now, or dead-lettered)."""
+        """The stream ended and its writer has stopped: unsent tasks go back to PENDING, running
+        ones are lost (retried now, or dead-lettered) or, while this node stops, handed over:
+        left RUNNING for the session the worker opens on another dispatcher (their leases, which
+        its heartbeats keep, bound how long they wait for it)."""
         self.sessions.discard(session)
         session.close()
         entries = list(session.in_flight.values())
@@ -120,16 +135,16 @@ class SessionHandler:
             except TimeoutError:
                 pass
         started_runs = [e.run_id for e in sent if e.started.done() and e.started.result()]
+        lost = [] if self.handing_over else started_runs
         for attempt in range(CLOSE_ATTEMPTS):
             try:
                 async with self.pool.connection() as conn, conn.transaction():
                     if unsent:
                         await conn.execute(sql.UNSEND, {"task_ids": unsent, "node_id": self.settings.node_id})
-                    if started_runs:
+                    if lost:
                         await outcomes.retry_runs(
-                            conn, started_runs, [session.worker_id] * len(started_runs),
-                            ["worker disconnected"] * len(started_runs), lost=True,
-                            retry_params=self.settings.retry_params)
+                            conn, lost, [session.worker_id] * len(lost), ["worker disconnected"] * len(lost),
+                            lost=True, retry_params=self.settings.retry_params)
                     await conn.execute(sql.DISCONNECT_WORKER, {"id": session.worker_id,
                                                                "session_id": session.session_id})
                 break
@@ -138,8 +153,9 @@ class SessionHandler:
                 log.warning("dispatcher: recording the disconnect of %s failed (%s); retry %d",
                             session.worker_id, exc, attempt + 1)
                 await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
-        log.info("dispatcher: worker %s disconnected (%s): %d unsent, %d running tasks released",
-                 session.worker_id, reason, len(unsent), len(started_runs))
+        log.info("dispatcher: worker %s disconnected (%s): %d unsent, %d running tasks %s",
+                 session.worker_id, reason, len(unsent), len(started_runs),
+                 "handed over" if self.handing_over else "released")
         for queue in session.queues:
             self.claimer.wake(queue)
 
@@ -172,11 +188,26 @@ class SessionHandler:
 
     def on_heartbeat(self, session: WorkerSession, beat: pb.Heartbeat) -> None:
         """Extend the leases of the runs the worker says it holds (only those it really holds are;
-        runs the cluster closed behind its back are the sweep's to stop)."""
+        runs the cluster closed behind its back are the sweep's to stop).
+
+        The first heartbeat of a session that carried runs over settles them: a carried run the
+        worker does not name is let go (its slot freed; if the worker really lost it, the lease
+        reaper closes it, as it may as well have ended on the stream that closed), and a task it
+        names that was not carried over is not its to run any more: it is told to stop."""
         # A worker holds at most its concurrency (or what it was given): more ids are not its own.
         named = beat.active_task_ids[:max(session.concurrency, len(session.in_flight))]
-        self.writer.heartbeat(session.worker_id, session.session_id, [t for t in named if protocol.valid_uuid(t)])
+        held = [t for t in named if protocol.valid_uuid(t)]
+        self.writer.heartbeat(session.worker_id, session.session_id, held)
         session.send(protocol.heartbeat_ack())
+        if session.carried is not None:
+            carried, session.carried = session.carried, None
+            for task_id in carried - set(held):
+                entry = session.in_flight.get(task_id)
+                if entry is not None and session.release(entry.run_id) is not None:
+                    self.claimer.freed(entry.queue)
+            for task_id in set(held) - carried:
+                if task_id not in session.in_flight:
+                    session.send(protocol.cancellation(task_id, "this task is no longer this worker's to run"))
 
     def on_logs(self, session: WorkerSession, batch: pb.LogBatch) -> None:
         """Keep a run's lines up to its limits (lines and bytes); past them, count what is dropped,

@@ -46,7 +46,7 @@ class NodeSettings:
     node_id: str
     lease_extension: float
     poll_interval: float
-    drain_seconds: int
+    shutdown_timeout: float
     worker_token: str
     keepalive_interval: float = 10.0
     sweep_interval: float = 5.0
@@ -63,7 +63,7 @@ class NodeSettings:
             node_id=node_id,
             lease_extension=float(valka_settings.LEASE_EXTENSION),
             poll_interval=float(valka_settings.DISPATCH_POLL_INTERVAL),
-            drain_seconds=int(valka_settings.DRAIN_SECONDS),
+            shutdown_timeout=float(valka_settings.SHUTDOWN_TIMEOUT),
             worker_token=valka_settings.WORKER_TOKEN,
             # A third of the scheduler's worker timeout, so two keep-alives may fail before it judges.
             keepalive_interval=min(10.0, float(valka_settings.WORKER_TIMEOUT) / 3),
@@ -130,26 +130,28 @@ class DispatcherNode:
             asyncio.create_task(self.sweep.run(self._stop), name="sweep"),
         ]
 
-    async def stop(self, drain_seconds: float | None = None) -> None:
-        """Stop claiming, ask workers to drain, wait for their results, then close."""
-        drain = self.settings.drain_seconds if drain_seconds is None else drain_seconds
+    async def stop(self, timeout: float | None = None) -> None:
+        """Stop within `timeout` seconds (the shutdown timeout): stop claiming, tell the workers to
+        move to another dispatcher, wait for them (and their results) for all but the last five
+        seconds, hand what they still run over to their next session, and write what is left."""
+        budget = self.settings.shutdown_timeout if timeout is None else timeout
+        began = time.monotonic()
         self.handler.accepting = False
+        self.handler.handing_over = True
         self._claim_stop.set()
         self.claimer.wake()
+        drain = max(0.0, budget - 5.0)
         for session in self.sessions:
             session.draining = True
             session.send(protocol.server_shutdown("dispatcher shutting down", drain))
-        deadline = time.monotonic() + drain
-        while time.monotonic() < deadline and any(s.in_flight for s in self.sessions):
+        while time.monotonic() - began < drain and any(s.in_flight and not s.closed for s in self.sessions):
             await asyncio.sleep(0.05)
         self._stop.set()
         for session in self.sessions:
             session.close()
-        # Let the stream handlers run their cleanup, then write what is left.
+        # Let the stream handlers run their cleanup (it hands runs over), then write what is left.
         await asyncio.sleep(0)
-        for _ in range(200):
-            if not self.handler.open_streams:
-                break
+        while self.handler.open_streams and time.monotonic() - began < budget - 3.0:
             await asyncio.sleep(0.05)
         self._writer_stop.set()
         await asyncio.gather(*self._tasks, return_exceptions=True)

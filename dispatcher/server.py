@@ -62,10 +62,10 @@ class Dispatcher:
             await self.health.set(name, health_pb2.HealthCheckResponse.SERVING)
         log.info("dispatcher %s listening on %s", self.node.settings.node_id, self.addr)
 
-    async def stop(self, drain_seconds: float | None = None) -> None:
+    async def stop(self, timeout: float | None = None) -> None:
         for name in ("", *SERVICES):
             await self.health.set(name, health_pb2.HealthCheckResponse.NOT_SERVING)
-        await self.node.stop(drain_seconds)
+        await self.node.stop(timeout)
         await self.server.stop(grace=1.0)
 
     async def serve_forever(self) -> None:

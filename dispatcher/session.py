@@ -59,6 +59,9 @@ class WorkerSession:
     outbox: asyncio.Queue[Any] = field(default_factory=asyncio.Queue)
     in_flight: dict[str, InFlight] = field(default_factory=dict)  # by task id
     by_run: dict[str, InFlight] = field(default_factory=dict)  # by run id
+    # The task ids of runs carried over from the worker's previous session, until its first
+    # heartbeat says which it still runs (dispatcher.handler.SessionHandler.on_heartbeat).
+    carried: set[str] | None = None
 
     def free_slots(self) -> int:
         if self.draining or self.closed:
@@ -68,6 +71,14 @@ class WorkerSession:
     def reserve(self, entry: InFlight) -> None:
         self.in_flight[entry.task_id] = entry
         self.by_run[entry.run_id] = entry
+
+    def adopt(self, entry: InFlight) -> None:
+        """Take a run over from the worker's previous session: sent, and started long since."""
+        entry.sent = True
+        if not entry.started.done():
+            entry.started.set_result(True)
+        self.reserve(entry)
+        self.carried = (self.carried or set()) | {entry.task_id}
 
     def release(self, run_id: str) -> InFlight | None:
         entry = self.by_run.pop(run_id, None)

@@ -171,20 +171,27 @@ SELECT count(pg_notify('{TASK_LOG}', run_id::text)) FROM (SELECT DISTINCT run_id
 """
 
 # The application name of a dispatcher's LISTEN connection, followed by its node id: while that
-# connection is open, the dispatcher is alive (HOLDER_OF_WORKER_ID).
+# connection is open, the dispatcher is alive (WORKER_ROW).
 LISTEN_APPLICATION = "valka-dispatcher-listen"
 
-# -- A hello for a worker id that a CONNECTED row holds: the holder's node, its process instance
-# (the hello metadata's `valka.instance`), and whether that node is alive (its LISTEN connection
-# is open; application names are cut at 63 bytes). The row is locked until the hello's
-# transaction ends, so two hellos for one id are decided one after the other. --
-HOLDER_OF_WORKER_ID = f"""
-SELECT w.node_id, w.metadata ->> %(instance_key)s,
+# -- A hello: the worker's row as it stands (any status), locked until the hello's transaction
+# ends, so two hellos for one id are decided one after the other. Its process instance (the hello
+# metadata's `valka.instance`), and whether its node is alive (that node's LISTEN connection is
+# open; application names are cut at 63 bytes). --
+WORKER_ROW = f"""
+SELECT w.status, w.node_id, w.metadata ->> %(instance_key)s,
        EXISTS (SELECT 1 FROM pg_stat_activity a
                WHERE a.application_name = left('{LISTEN_APPLICATION} ' || w.node_id, 63)) AS node_alive
 FROM workers w
-WHERE w.id = %(id)s AND w.status = 'CONNECTED'
+WHERE w.id = %(id)s
 FOR UPDATE
+"""
+
+# -- The RUNNING runs of a worker, to carry over into its new session (task_runs_worker_idx). --
+RUNS_TO_ADOPT = """
+SELECT r.id::text, r.task_id::text, t.queue, r.attempt_number
+FROM task_runs r JOIN tasks t ON t.id = r.task_id
+WHERE r.worker_id = %(worker_id)s AND r.finished_at IS NULL AND r.status = 'RUNNING'
 """
 
 # -- A worker said hello: record (or take over) its row for this node and session. --

@@ -172,7 +172,10 @@ VALKA = {
     # The concurrency a worker may ask for in its hello; more is refused (INVALID_ARGUMENT).
     "MAX_WORKER_CONCURRENCY": env.int("VALKA_MAX_WORKER_CONCURRENCY", default=1_000),
     "RUN_LOG_MAX_BYTES": env.int("VALKA_RUN_LOG_MAX_BYTES", default=10 * 1024 * 1024),
-    "DRAIN_SECONDS": env.int("VALKA_DRAIN_SECONDS", default=30),
+    # A stopping dispatcher is gone within this many seconds (SIGTERM to exit): it stops claiming,
+    # hands its workers' running tasks over to the dispatcher they reconnect to, and writes what it
+    # holds. Keep it under the orchestrator's grace period (Kubernetes: 30 s by default).
+    "SHUTDOWN_TIMEOUT": env.float("VALKA_SHUTDOWN_TIMEOUT", default=25.0),
     "REAPER_INTERVAL": env.float("VALKA_REAPER_INTERVAL", default=30.0),
     "DISPATCHING_TIMEOUT": env.float("VALKA_DISPATCHING_TIMEOUT", default=60.0),
     "WORKER_TIMEOUT": env.float("VALKA_WORKER_TIMEOUT", default=120.0),

@@ -112,7 +112,7 @@ class Chaos:
                     VALKA_API_ANONYMOUS="true", VALKA_RETRY_BASE_DELAY="0.2", VALKA_RETRY_MAX_DELAY="2",
                     VALKA_REAPER_INTERVAL="1", VALKA_DISPATCHING_TIMEOUT="5", VALKA_WORKER_TIMEOUT="10",
                     VALKA_SCHEDULER_MAX_SLEEP="0.5", VALKA_DISPATCH_POLL_INTERVAL="1", VALKA_LEASE_EXTENSION="10",
-                    VALKA_DRAIN_SECONDS="2", VALKA_SIGNAL_DELIVERY_WAIT="0", VALKA_LOG_LEVEL="WARNING", **extra)
+                    VALKA_SHUTDOWN_TIMEOUT="7", VALKA_SIGNAL_DELIVERY_WAIT="0", VALKA_LOG_LEVEL="WARNING", **extra)
 
     def proc(self, name: str, cmd: list[str], **extra: str) -> Proc:
         p = Proc(name, cmd, self.env(**extra), self.folder / f"{name}.log")

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def _settings() -> NodeSettings:
-    return NodeSettings(node_id="test-node", lease_extension=60, poll_interval=1, drain_seconds=1, worker_token="")
+    return NodeSettings(node_id="test-node", lease_extension=60, poll_interval=1, shutdown_timeout=1, worker_token="")
 
 
 @pytest.fixture

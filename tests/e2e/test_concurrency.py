@@ -58,7 +58,7 @@ def test_two_dispatchers_many_workers_every_task_once(stack):
 
 
 def test_dispatcher_sigterm_drains_and_workers_move_on(stack):
-    proc_a, addr_a = stack.dispatcher(VALKA_DRAIN_SECONDS="10")
+    proc_a, addr_a = stack.dispatcher(VALKA_SHUTDOWN_TIMEOUT="15")
     _, addr_b = stack.dispatcher()
     stack.worker(addr_a, name="on-a", concurrency=2)
     task = services.task_enqueue(task_name="sleep", queue="default", input={"seconds": 1.5})

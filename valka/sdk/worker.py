@@ -112,6 +112,11 @@ class Worker:
         self._signal_hook: SignalHook | None = None
         self._running: dict[str, _Running] = {}
         self._outbox: asyncio.Queue[pb.WorkerRequest] | None = None
+        # Results and acknowledgements made while no stream is open (a dispatcher handing its
+        # workers over to another): sent first on the next stream.
+        self._held: list[pb.WorkerRequest] = []
+        self._handover = False  # the dispatcher asked us to move: keep the running tasks
+        self._reconnect_soon = False
         self._logs: deque[pb.LogEntry] = deque()
         self._stopping: asyncio.Event | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
@@ -177,8 +182,9 @@ class Worker:
                 if self._stopping.is_set():
                     break
                 self.server = self.servers[(self.servers.index(self.server) + 1) % len(self.servers)]
-                if time.monotonic() - started > 10:
-                    delay = 0.2  # it was up for a while: start the backoff over
+                if time.monotonic() - started > 10 or self._reconnect_soon:
+                    delay = 0.2  # it was up for a while, or it was asked to move: start the backoff over
+                    self._reconnect_soon = False
                 sleep = random.uniform(delay / 2, delay)
                 delay = min(delay * 2, self.reconnect_max_delay)
                 try:
@@ -199,6 +205,18 @@ class Worker:
                 worker_id=self.worker_id, worker_name=self.name, queues=self.queues,
                 concurrency=self.concurrency, metadata=json.dumps({**self.metadata, INSTANCE_KEY: self.instance_id}),
             )))
+            # The dispatcher answers a hello it takes with its headers (naming our worker id); one
+            # it refuses ends the stream, and what we hold waits for the next.
+            headers = await call.initial_metadata()
+            if any(key == "x-valka-worker-id" for key, _ in headers or ()):
+                # What was made while no stream was open goes first; then a heartbeat names the tasks
+                # still running, so a dispatcher that carried them over from our last stream settles them.
+                for request in self._held:
+                    self._outbox.put_nowait(request)
+                self._held = []
+                self._outbox.put_nowait(pb.WorkerRequest(heartbeat=pb.Heartbeat(
+                    active_task_ids=list(self._running), timestamp_ms=int(time.time() * 1000))))
+                self._handover = False
             helpers = [
                 asyncio.create_task(self._write(call)),
                 asyncio.create_task(self._heartbeats()),
@@ -226,22 +244,30 @@ class Worker:
                     elif kind == "task_signal":
                         self._signal(msg.task_signal)
                     elif kind == "server_shutdown":
-                        log.info("worker: dispatcher is shutting down (%s); draining", msg.server_shutdown.reason)
-                        draining = True
-                        asyncio.create_task(self._drain_then_close(call, msg.server_shutdown.drain_seconds))
+                        log.info("worker: dispatcher is shutting down (%s); %d task(s) running",
+                                 msg.server_shutdown.reason, len(self._running))
+                        draining = self._handover = True
+                        asyncio.create_task(self._move_on(call, msg.server_shutdown.drain_seconds))
                     # heartbeat_ack and anything newer need no answer
                 if not draining:
                     await call.code()  # surface the status of a stream the server ended
             finally:
                 for helper in helpers:
                     helper.cancel()
-                # Results of handlers still running cannot reach the server any more: the
-                # dispatcher releases those tasks for a retry, so stop them here.
-                await self._cancel_all("connection to the dispatcher lost")
+                if not self._handover:
+                    # Results of handlers still running cannot reach the server any more: the
+                    # dispatcher releases those tasks for a retry, so stop them here.
+                    await self._cancel_all("connection to the dispatcher lost")
                 self._outbox = None
 
-    async def _drain_then_close(self, call: Any, drain_seconds: int) -> None:
-        await self._wait_running(max(1.0, float(drain_seconds)))
+    async def _move_on(self, call: Any, drain_seconds: int) -> None:
+        """The dispatcher is stopping: let the running tasks finish and report here for up to
+        `drain_seconds` (it assigns nothing more meanwhile), then end our side of the stream and
+        reconnect (to the next dispatcher of the list). Tasks still running carry on: that
+        dispatcher takes them over from this one. (If the dispatcher ends the stream first, at
+        the end of its drain, the same holds.)"""
+        await self._wait_running(float(drain_seconds))
+        self._reconnect_soon = True
         await self._flush_now()
         await asyncio.sleep(0.05)
         await call.done_writing()
@@ -274,6 +300,8 @@ class Worker:
     def _send(self, request: pb.WorkerRequest) -> None:
         if self._outbox is not None:
             self._outbox.put_nowait(request)
+        elif request.WhichOneof("request") in ("task_result", "signal_ack"):
+            self._held.append(request)  # for the next stream
 
     async def _heartbeats(self) -> None:
         while True:
@@ -288,8 +316,9 @@ class Worker:
 
     async def _flush_now(self) -> None:
         """Send the buffered log lines in batches of at most LOG_BATCH_LINES lines or about
-        LOG_BATCH_BYTES bytes (a line is at most 64 KiB, context.MAX_LOG_LINE): far under MAX_MESSAGE."""
-        while self._logs:
+        LOG_BATCH_BYTES bytes (a line is at most 64 KiB, context.MAX_LOG_LINE): far under MAX_MESSAGE.
+        With no stream open they wait for the next."""
+        while self._logs and self._outbox is not None:
             batch: list[pb.LogEntry] = []
             size = 0
             while self._logs and len(batch) < LOG_BATCH_LINES and size < LOG_BATCH_BYTES:
