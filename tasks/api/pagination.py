@@ -16,6 +16,7 @@ from rest_framework.response import Response
 from tasks.errors import ValidationError
 
 MAX_OFFSET = 2**31 - 1
+MAX_LIMIT_PARAM = 2**63 - 1  # the largest `limit` taken (as `Page.max_limit`); beyond, a 400
 
 
 def query_int(request: Any, name: str, *, default: int | None, lo: int, hi: int | None = None) -> int | None:
@@ -40,7 +41,7 @@ class Page(LimitOffsetPagination):
     max_limit = 1000
 
     def get_limit(self, request: Any) -> int:
-        limit = query_int(request, self.limit_query_param, default=self.default_limit, lo=1)
+        limit = query_int(request, self.limit_query_param, default=self.default_limit, lo=1, hi=MAX_LIMIT_PARAM)
         assert limit is not None
         return min(limit, self.max_limit)
 
@@ -53,7 +54,7 @@ class Page(LimitOffsetPagination):
         return [
             {"name": self.limit_query_param, "required": False, "in": "query",
              "description": f"Page size (default {self.default_limit}; above {self.max_limit} serves {self.max_limit})",
-             "schema": {"type": "integer", "minimum": 1}},
+             "schema": {"type": "integer", "minimum": 1, "maximum": MAX_LIMIT_PARAM}},
             {"name": self.offset_query_param, "required": False, "in": "query",
              "description": "How many results to skip", "schema": {"type": "integer", "minimum": 0,
                                                                   "maximum": MAX_OFFSET}},

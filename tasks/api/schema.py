@@ -8,14 +8,14 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.api.pagination import MAX_OFFSET
+from tasks.api.pagination import MAX_LIMIT_PARAM, MAX_OFFSET
 
 BIGINT_MAX = 2**63 - 1
 NO_NUL = "^[^\\x00]*$"  # PostgreSQL text cannot hold NUL; the API refuses it (400) wherever it appears
 
 # Integer query parameters and the range the views accept (tasks.api.pagination, the logs view).
 QUERY_INTEGERS: dict[str, dict[str, int]] = {
-    "limit": {"minimum": 1},
+    "limit": {"minimum": 1, "maximum": MAX_LIMIT_PARAM},  # above Page.max_limit (1000) it serves that
     "offset": {"minimum": 0, "maximum": MAX_OFFSET},
     "after": {"minimum": 0, "maximum": BIGINT_MAX},
     "after_id": {"minimum": 0, "maximum": BIGINT_MAX},
