@@ -3,40 +3,28 @@
 from __future__ import annotations
 
 import grpc
-from asgiref.sync import sync_to_async
-from django.db import close_old_connections
 from django.db.models import Max
 
 from dispatcher import protocol
 from dispatcher.errors import grpc_message, grpc_status
+from signals.permissions import SEND_SIGNALS
 from signals.services import signal_send
 from tasks import selectors, services
-from tasks.api.auth import api_key_valid
-from tasks.api.pagination import MAX_OFFSET, Page
-from tasks.errors import ValidationError, ValkaError
+from tasks.api import auth
+from tasks.api.auth import Need, api_key_of, check_key
+from tasks.api.pagination import Page, after_cursor, cursor_of
+from tasks.errors import Forbidden, ValkaError
 from tasks.live import LAGGED, Fanout, Lagged, decode_events, tail_run_log
 from tasks.models import TaskLog
 from tasks.notify import TASK_EVENT, TASK_LOG
 from valka.conf import valka_settings
+from valka.db import in_thread
 from valka.v1 import api_pb2, api_pb2_grpc
-
-
-def _db(fn):
-    """Run a sync service-layer call in a worker thread with a healthy Django connection."""
-
-    def call(*args, **kwargs):
-        close_old_connections()
-        try:
-            return fn(*args, **kwargs)
-        finally:
-            close_old_connections()
-
-    return sync_to_async(call, thread_sensitive=False)
 
 
 async def _call(context: grpc.aio.ServicerContext, fn, *args, **kwargs):
     try:
-        return await _db(fn)(*args, **kwargs)
+        return await in_thread(fn)(*args, **kwargs)
     except ValkaError as exc:
         await context.abort(grpc_status(exc), grpc_message(exc))
 
@@ -64,20 +52,17 @@ def send_signal(request: api_pb2.SendSignalRequest):
 
 
 def list_tasks(request: api_pb2.ListTasksRequest):
+    """One page, and the token of the next (a cursor, as the REST API's `next_cursor`: any depth
+    costs what the first page does); "" on the last page."""
     status = protocol.FROM_PROTO_STATUS.get(request.status) if request.status else None
     size = request.pagination.page_size or Page.default_limit  # the REST API's page sizes
     size = max(1, min(size, Page.max_limit))
-    token = request.pagination.page_token
-    try:
-        offset = int(token) if token else 0
-        if not 0 <= offset <= MAX_OFFSET:
-            raise ValueError
-    except ValueError:
-        raise ValidationError.field("pagination.page_token", "is not a token this server issued") from None
     qs = selectors.task_list(queue=request.queue_name or None, status=status.value if status else None)
-    tasks = list(qs[offset:offset + size + 1])
+    token = request.pagination.page_token
+    page = after_cursor(qs, token, name="pagination.page_token") if token else qs
+    tasks = list(page[:size + 1])
     more = len(tasks) > size
-    return tasks[:size], str(offset + size) if more else ""
+    return tasks[:size], cursor_of(tasks[size - 1], qs) if more else ""
 
 
 def _last_log_id(run_id: str) -> int:
@@ -92,43 +77,49 @@ def _run_open(run_id: str) -> bool:
     return selectors.run_state(run_id=run_id)[1]
 
 
-async def _authorize(context: grpc.aio.ServicerContext) -> None:
-    """Every call needs an API key (metadata `authorization: Bearer <key>`), as the REST API does,
-    unless VALKA_API_ANONYMOUS opens the API. The answer says nothing about which keys exist."""
+async def _authorize(context: grpc.aio.ServicerContext, need: Need) -> None:
+    """Every call needs an API key (metadata `authorization: Bearer <key>`) whose scope covers `need`,
+    as the REST API does, unless VALKA_API_ANONYMOUS opens the API. The refusal of a key says
+    nothing about which keys exist."""
     if valka_settings.API_ANONYMOUS:
         return
     sent = dict(context.invocation_metadata() or ()).get("authorization", "")
-    if not sent or not await _db(api_key_valid)(sent):
+    key = await in_thread(api_key_of)(sent) if sent else None
+    if key is None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED,
                             "a valid API key is required (metadata 'authorization: Bearer <key>')")
+    try:
+        check_key(key, need)
+    except Forbidden as exc:
+        await context.abort(grpc_status(exc), grpc_message(exc))
 
 
 class ApiService(api_pb2_grpc.ApiServiceServicer):
     def __init__(self, fanout: Fanout) -> None:
         self.fanout = fanout  # the node's: its LISTEN connection opens with the first subscriber
     async def CreateTask(self, request, context):  # noqa: N802
-        await _authorize(context)
+        await _authorize(context, auth.CREATE_TASKS)
         task = await _call(context, create_task, request)
         return api_pb2.CreateTaskResponse(task=protocol.task_meta(task))
 
     async def GetTask(self, request, context):  # noqa: N802
-        await _authorize(context)
+        await _authorize(context, auth.READ_TASKS)
         task = await _call(context, selectors.task_get, task_id=request.task_id)
         return api_pb2.GetTaskResponse(task=protocol.task_meta(task))
 
     async def ListTasks(self, request, context):  # noqa: N802
-        await _authorize(context)
+        await _authorize(context, auth.READ_TASKS)
         tasks, token = await _call(context, list_tasks, request)
         return api_pb2.ListTasksResponse(tasks=[protocol.task_meta(t) for t in tasks], next_page_token=token)
 
     async def CancelTask(self, request, context):  # noqa: N802
-        await _authorize(context)
+        await _authorize(context, auth.CANCEL_TASKS)
         task = await _call(context, services.task_cancel, task_id=request.task_id)
         return api_pb2.CancelTaskResponse(task=protocol.task_meta(task))
 
     async def SubscribeEvents(self, request, context):  # noqa: N802
         """Every task status change from now on (of `queue_name` if given), until the client leaves."""
-        await _authorize(context)
+        await _authorize(context, auth.READ_TASKS)
         inbox = self.fanout.subscribe(TASK_EVENT)
         try:
             await self.fanout.ready()
@@ -145,19 +136,19 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
 
     async def SubscribeLogs(self, request, context):  # noqa: N802
         """A run's log lines (the earlier ones too with include_history), live until the run ends."""
-        await _authorize(context)
+        await _authorize(context, auth.READ_TASKS)
         if not protocol.valid_uuid(request.task_run_id):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id!r} not found")
-        exists, _ = await _db(selectors.run_state)(run_id=request.task_run_id)
+        exists, _ = await in_thread(selectors.run_state)(run_id=request.task_run_id)
         if not exists:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id} not found")
         inbox = self.fanout.subscribe(TASK_LOG)
         try:
             await self.fanout.ready()
-            after = 0 if request.include_history else await _db(_last_log_id)(request.task_run_id)
+            after = 0 if request.include_history else await in_thread(_last_log_id)(request.task_run_id)
             try:
                 async for lines in tail_run_log(inbox, run_id=request.task_run_id, after=after, wait=5.0,
-                                                page=_db(_log_page), is_open=_db(_run_open)):
+                                                page=in_thread(_log_page), is_open=in_thread(_run_open)):
                     for line in lines or ():
                         yield protocol.log_entry(line)
             except Lagged:
@@ -167,6 +158,6 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
             self.fanout.unsubscribe(TASK_LOG, inbox)
 
     async def SendSignal(self, request, context):  # noqa: N802
-        await _authorize(context)
+        await _authorize(context, SEND_SIGNALS)
         signal, delivered = await _call(context, send_signal, request)
         return api_pb2.SendSignalResponse(signal_id=str(signal.id), delivered=delivered)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from tasks.errors import InvalidState, NotFound, PayloadTooLarge, Unauthorized, ValidationError, ValkaError
+from tasks.errors import Forbidden, InvalidState, NotFound, PayloadTooLarge, Unauthorized, ValidationError, ValkaError
 
 STATUS_CODES: dict[type[ValkaError], grpc.StatusCode] = {
     ValidationError: grpc.StatusCode.INVALID_ARGUMENT,
@@ -12,6 +12,7 @@ STATUS_CODES: dict[type[ValkaError], grpc.StatusCode] = {
     NotFound: grpc.StatusCode.NOT_FOUND,
     InvalidState: grpc.StatusCode.FAILED_PRECONDITION,
     Unauthorized: grpc.StatusCode.UNAUTHENTICATED,
+    Forbidden: grpc.StatusCode.PERMISSION_DENIED,
 }
 
 

@@ -20,6 +20,7 @@ from django.views.decorators.http import require_POST
 
 from signals import services
 from signals.models import Signal
+from signals.permissions import SEND_SIGNALS
 from tasks.admin.console import OptionalJSONField, badge
 from tasks.admin.tasks import TaskAdmin
 from tasks.errors import ValkaError
@@ -27,7 +28,7 @@ from tasks.models import Task
 from tasks.specs import MAX_NAME
 from tasks.states import FINAL_STATES
 
-SEND_PERMISSION = "signals.add_signal"
+SEND_PERMISSION = SEND_SIGNALS.permission
 SIGNALS_PER_TASK_PAGE = 200
 
 

@@ -8,13 +8,15 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from signals import services
+from signals.permissions import READ_SIGNALS, SEND_SIGNALS
 from signals.serializers import SentSignalSerializer, SignalSendSerializer, SignalSerializer
-from tasks.api.pagination import Page, paginate
+from tasks.api.pagination import PAGE_PARAMETERS, Page, paginate
 from tasks.api.views import ERRORS, query_param
 
 
 class SignalViewSet(viewsets.ViewSet):
     pagination_class = Page
+    needs = {"send": SEND_SIGNALS, "for_task": READ_SIGNALS, "retrieve": READ_SIGNALS}
 
     @extend_schema(request=SignalSendSerializer, responses={201: SentSignalSerializer, **ERRORS})
     def send(self, request: Request, pk: str) -> Response:
@@ -24,7 +26,7 @@ class SignalViewSet(viewsets.ViewSet):
         return Response(SentSignalSerializer(signal).data, status=201)
 
     @extend_schema(parameters=[OpenApiParameter("status", str, enum=["PENDING", "DELIVERED", "ACKNOWLEDGED"]),
-                               OpenApiParameter("limit", int), OpenApiParameter("offset", int)],
+                               *PAGE_PARAMETERS],
                    responses={200: SignalSerializer(many=True), **ERRORS})
     def for_task(self, request: Request, pk: str) -> Response:
         qs = services.signal_list(task_id=pk, status=query_param(request, "status"))

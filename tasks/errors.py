@@ -45,3 +45,10 @@ class InvalidState(ValkaError):
 class Unauthorized(ValkaError):
     code = "UNAUTHORIZED"
     http_status = 401
+
+
+class Forbidden(ValkaError):
+    """The caller is known, but may not do this (a staff user's permission, an API key's scope)."""
+
+    code = "FORBIDDEN"
+    http_status = 403

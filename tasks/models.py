@@ -250,12 +250,19 @@ class Worker(models.Model):
 class ApiKey(models.Model):
     """An API key; only its SHA-256 is kept (keys are 256-bit random tokens)."""
 
+    class Scope(models.TextChoices):
+        # Each scope allows what the ones above it do (tasks.api.auth.Need says what each action needs).
+        READ = "read"  # every read: tasks, runs, logs, dead letters, workers, signals, events
+        WRITE = "write"  # and create, cancel, replay, send signals
+        ADMIN = "admin"  # and delete tasks
+
     name = models.CharField(max_length=MAX_NAME)
     prefix = models.CharField(max_length=16, help_text="The first characters, to recognise a key.")
     key_hash = models.CharField(max_length=64, unique=True)
     created_at = models.DateTimeField(auto_now_add=True)
     last_used_at = models.DateTimeField(null=True, blank=True)
     revoked = models.BooleanField(default=False)
+    scope = models.CharField(max_length=8, choices=Scope.choices, default=Scope.WRITE)
 
     class Meta:
         db_table = "api_keys"
@@ -264,3 +271,7 @@ class ApiKey(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name} ({self.prefix}…)"
+
+    def allows(self, scope: str) -> bool:
+        order = list(self.Scope)
+        return order.index(self.Scope(self.scope)) >= order.index(self.Scope(scope))

@@ -29,7 +29,8 @@ def anon_client():
 
 @pytest.fixture
 def api_key(db):
-    return api_key_create(name="tests")[1]
+    """A key that may do everything (scope admin); tests/tasks/api/test_permissions.py tries the others."""
+    return api_key_create(name="tests", scope="admin")[1]
 
 
 @pytest.fixture

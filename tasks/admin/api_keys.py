@@ -1,4 +1,5 @@
-"""API keys in the console: listed and revoked here, created by `manage.py create_api_key`."""
+"""API keys in the console: listed, their scope changed and revoked here, created by
+`manage.py create_api_key`."""
 
 from __future__ import annotations
 
@@ -11,9 +12,9 @@ from tasks.models import ApiKey
 
 @admin.register(ApiKey)
 class ApiKeyAdmin(admin.ModelAdmin):
-    list_display = ["name", "prefix", "created_at", "last_used_at", "revoked"]
+    list_display = ["name", "prefix", "scope", "created_at", "last_used_at", "revoked"]
     readonly_fields = ["prefix", "key_hash", "created_at", "last_used_at"]
-    list_filter = ["revoked"]
+    list_filter = ["revoked", "scope"]
     search_fields = ["name", "prefix"]
 
     def has_add_permission(self, request: Any) -> bool:

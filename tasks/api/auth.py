@@ -1,13 +1,17 @@
-"""API keys: `Authorization: Bearer <key>`, stored as SHA-256 hashes.
+"""Who may call what: API keys (`Authorization: Bearer <key>`, stored as SHA-256 hashes, each
+with a scope) and staff sessions (each with the model permissions the admin checks).
 
-Keys carry 256 bits of randomness, so a fast hash is enough and lets every
-request be checked with one indexed lookup.
+Keys carry 256 bits of randomness, so a fast hash is enough and lets every request be checked
+with one indexed lookup. Every action of the API (REST, its event streams, gRPC's ApiService)
+declares a `Need`: the permission a staff session must hold and the scope a key must have,
+the same permission the admin requires for the same action.
 """
 
 from __future__ import annotations
 
 import hashlib
 import secrets
+from dataclasses import dataclass
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS
@@ -15,22 +19,43 @@ from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
+from tasks.errors import Forbidden
 from tasks.models import ApiKey
 from tasks.prepared import fetchone_prepared
 from tasks.sql import api_keys
 from valka.conf import valka_settings
 
 KEY_PREFIX = "vk_"
+# The WSGI environ entry under which the web app's entry (valka.asgi) hands over the live key it
+# found for the request's Authorization header, so that it is not looked up twice.
+KEY_ENVIRON = "valka.api_key"
 
 
 def hash_key(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def api_key_create(*, name: str) -> tuple[ApiKey, str]:
+@dataclass(frozen=True)
+class Need:
+    """What an API action needs: a staff session must hold `permission`, an API key `scope`."""
+
+    permission: str
+    scope: str
+
+
+READ_TASKS = Need("tasks.view_task", ApiKey.Scope.READ)
+CREATE_TASKS = Need("tasks.add_task", ApiKey.Scope.WRITE)
+CANCEL_TASKS = Need("tasks.cancel_task", ApiKey.Scope.WRITE)
+DELETE_TASKS = Need("tasks.delete_task", ApiKey.Scope.ADMIN)
+READ_DEAD_LETTERS = Need("tasks.view_deadletter", ApiKey.Scope.READ)
+REPLAY_DEAD_LETTERS = Need("tasks.replay_deadletter", ApiKey.Scope.WRITE)
+READ_WORKERS = Need("tasks.view_worker", ApiKey.Scope.READ)
+
+
+def api_key_create(*, name: str, scope: str = ApiKey.Scope.WRITE) -> tuple[ApiKey, str]:
     """Create a key; the plain key is returned once and never stored."""
     key = KEY_PREFIX + secrets.token_urlsafe(32)
-    record = ApiKey.objects.create(name=name, prefix=key[:10], key_hash=hash_key(key))
+    record = ApiKey.objects.create(name=name, prefix=key[:10], key_hash=hash_key(key), scope=ApiKey.Scope(scope))
     return record, key
 
 
@@ -40,12 +65,25 @@ def api_key_live(key: str) -> ApiKey | None:
     return None if row is None else ApiKey.from_db(DEFAULT_DB_ALIAS, api_keys.KEY_FIELDS, row)
 
 
-def api_key_valid(authorization: str) -> bool:
-    """Whether an `Authorization` value (`Bearer <key>`) names a live key (for gRPC's ApiService)."""
+def api_key_of(authorization: str) -> ApiKey | None:
+    """The live key an `Authorization` value (`Bearer <key>`) names, or None (for gRPC's ApiService)."""
     scheme, _, key = authorization.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        return False
-    return api_key_live(key.strip()) is not None
+        return None
+    return api_key_live(key.strip())
+
+
+def check_key(key: ApiKey, need: Need) -> None:
+    """Forbidden unless `key`'s scope covers `need`."""
+    if not key.allows(need.scope):
+        raise Forbidden(f"this API key's scope ({key.scope}) does not allow this: it needs {need.scope}",
+                        {"scope": [f"needs {need.scope}"]})
+
+
+def check_staff(user: Any, need: Need) -> None:
+    """Forbidden unless staff `user` holds `need`'s permission (as the admin requires it)."""
+    if not user.has_perm(need.permission):
+        raise Forbidden(f"permission {need.permission} is needed for this", {"permission": [need.permission]})
 
 
 class ApiKeyPrincipal:
@@ -71,7 +109,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         scheme, _, key = header.partition(" ")
         if scheme.lower() != "bearer" or not key.strip():
             raise exceptions.AuthenticationFailed("invalid authorization header")
-        record = api_key_live(key.strip())
+        record = request.META.get(KEY_ENVIRON) or api_key_live(key.strip())
         if record is None:
             raise exceptions.AuthenticationFailed("invalid API key")
         now = timezone.now()
@@ -94,12 +132,25 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
 
 
 class ApiAccess(permissions.BasePermission):
-    """An API key or a staff session, unless VALKA_API_ANONYMOUS opens the API."""
+    """An API key whose scope, or a staff session whose permissions, cover the view's `needs` for
+    its action (an action that declares none is refused); everything when VALKA_API_ANONYMOUS
+    opens the API. Refused: 401 without a credential, 403 (FORBIDDEN) with one that falls short."""
 
     def has_permission(self, request: Any, view: Any) -> bool:
         if valka_settings.API_ANONYMOUS:
             return True
         user = request.user
         if isinstance(user, ApiKeyPrincipal):
-            return True
-        return bool(user is not None and user.is_authenticated and user.is_staff)
+            key = user.key
+        elif user is not None and user.is_authenticated and user.is_staff:
+            key = None
+        else:
+            return False
+        need = getattr(view, "needs", {}).get(getattr(view, "action", None))
+        if need is None:
+            raise Forbidden("this action is not open to API callers")
+        if key is not None:
+            check_key(key, need)
+        else:
+            check_staff(user, need)
+        return True

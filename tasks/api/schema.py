@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from tasks.api.pagination import MAX_LIMIT_PARAM, MAX_OFFSET
+from tasks.api.pagination import MAX_CURSOR, MAX_LIMIT_PARAM, MAX_OFFSET
 
 BIGINT_MAX = 2**63 - 1
 NO_NUL = "^[^\\x00]*$"  # PostgreSQL text cannot hold NUL; the API refuses it (400) wherever it appears
@@ -27,6 +27,7 @@ QUERY_INTEGERS: dict[str, dict[str, int]] = {
 COMMON_ERRORS = {
     "400": "Invalid request: `details` names the offending field",
     "401": "No API key, or one that is wrong or revoked",
+    "403": "The caller may not do this: its API key's scope, or its staff user's permission, falls short",
     "404": "No such object",
     "406": "The API answers only application/json",
     "413": "The request body, or one of its JSON fields, is over the size limit",
@@ -84,6 +85,8 @@ def _query_parameter(parameter: dict[str, Any]) -> None:
     elif parameter["schema"].get("type") == "string" and "enum" not in parameter["schema"] \
             and "format" not in parameter["schema"]:
         parameter["schema"]["pattern"] = NO_NUL
+        if parameter["name"] == "cursor":
+            parameter["schema"]["maxLength"] = MAX_CURSOR
 
 
 def _alias_required(schema: dict[str, Any] | None, field: str, alias: str) -> None:

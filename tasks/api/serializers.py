@@ -92,8 +92,10 @@ class TaskCreateSerializer(serializers.Serializer):
 
     task_name = serializers.CharField(max_length=MAX_NAME)
     queue = serializers.RegexField(QUEUE_PATTERN, max_length=MAX_NAME)
-    input = serializers.JSONField(required=False, allow_null=True)
-    metadata = serializers.DictField(required=False)
+    input = serializers.JSONField(required=False, allow_null=True,
+                                  help_text="Any JSON; no string in it may hold a NUL character.")
+    metadata = serializers.DictField(required=False, help_text="A JSON object; no string in it may hold a NUL "
+                                                               "character.")
     priority = serializers.IntegerField(required=False, min_value=INT32_MIN, max_value=INT32_MAX)
     max_retries = serializers.IntegerField(required=False, min_value=0, max_value=MAX_RETRIES_LIMIT)
     timeout_seconds = serializers.IntegerField(required=False, min_value=TIMEOUT_RANGE[0], max_value=TIMEOUT_RANGE[1])

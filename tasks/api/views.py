@@ -14,15 +14,16 @@ from rest_framework.request import Request
 from rest_framework.response import Response
 
 from tasks import selectors, services
+from tasks.api import auth
 from tasks.api import serializers as s
 from tasks.api.errors import error_body
-from tasks.api.pagination import Page, paginate
+from tasks.api.pagination import PAGE_PARAMETERS, Page, paginate
 from tasks.errors import ValidationError, ValkaError
 from tasks.specs import parse_datetime
 from tasks.sql import dashboard as dashboard_sql
 
-ERRORS = {400: s.ErrorSerializer, 401: s.ErrorSerializer, 404: s.ErrorSerializer, 409: s.ErrorSerializer,
-          413: s.ErrorSerializer}
+ERRORS = {400: s.ErrorSerializer, 401: s.ErrorSerializer, 403: s.ErrorSerializer, 404: s.ErrorSerializer,
+          409: s.ErrorSerializer, 413: s.ErrorSerializer}
 
 
 def query_param(request: Request, *names: str) -> str | None:
@@ -36,6 +37,9 @@ def query_param(request: Request, *names: str) -> str | None:
 
 class TaskViewSet(viewsets.ViewSet):
     pagination_class = Page
+    needs = {"list": auth.READ_TASKS, "retrieve": auth.READ_TASKS, "runs": auth.READ_TASKS, "logs": auth.READ_TASKS,
+             "create": auth.CREATE_TASKS, "batch": auth.CREATE_TASKS, "cancel": auth.CANCEL_TASKS,
+             "destroy": auth.DELETE_TASKS}
 
     @extend_schema(
         parameters=[
@@ -45,8 +49,7 @@ class TaskViewSet(viewsets.ViewSet):
             OpenApiParameter("task_name", str),
             OpenApiParameter("created_after", OpenApiTypes.DATETIME),
             OpenApiParameter("created_before", OpenApiTypes.DATETIME),
-            OpenApiParameter("limit", int),
-            OpenApiParameter("offset", int),
+            *PAGE_PARAMETERS,
         ],
         responses={200: s.TaskSerializer(many=True), **ERRORS},
     )
@@ -104,7 +107,7 @@ class TaskViewSet(viewsets.ViewSet):
     def cancel(self, request: Request, pk: str) -> Response:
         return Response(s.TaskSerializer(services.task_cancel(task_id=pk)).data)
 
-    @extend_schema(parameters=[OpenApiParameter("limit", int), OpenApiParameter("offset", int)],
+    @extend_schema(parameters=[*PAGE_PARAMETERS],
                    responses={200: s.TaskRunSerializer(many=True), **ERRORS})
     @action(detail=True, methods=["get"])
     def runs(self, request: Request, pk: str) -> Response:
@@ -112,8 +115,7 @@ class TaskViewSet(viewsets.ViewSet):
 
     @extend_schema(
         parameters=[OpenApiParameter("after", int, description="The last log id seen (alias: after_id)"),
-                    OpenApiParameter("after_id", int), OpenApiParameter("limit", int),
-                    OpenApiParameter("offset", int)],
+                    OpenApiParameter("after_id", int), *PAGE_PARAMETERS],
         responses={200: s.TaskLogSerializer(many=True), **ERRORS},
     )
     def logs(self, request: Request, pk: str, run_id: str) -> Response:
@@ -131,11 +133,11 @@ class TaskViewSet(viewsets.ViewSet):
 
 class DeadLetterViewSet(viewsets.ViewSet):
     pagination_class = Page
+    needs = {"list": auth.READ_DEAD_LETTERS, "retrieve": auth.READ_DEAD_LETTERS, "replay": auth.REPLAY_DEAD_LETTERS}
 
     @extend_schema(
         parameters=[OpenApiParameter("queue", str, description="Alias: queue_name"),
-                    OpenApiParameter("queue_name", str), OpenApiParameter("limit", int),
-                    OpenApiParameter("offset", int)],
+                    OpenApiParameter("queue_name", str), *PAGE_PARAMETERS],
         responses={200: s.DeadLetterSerializer(many=True), **ERRORS},
     )
     def list(self, request: Request) -> Response:
@@ -155,9 +157,10 @@ class DeadLetterViewSet(viewsets.ViewSet):
 
 class WorkerViewSet(viewsets.ViewSet):
     pagination_class = Page
+    needs = {"list": auth.READ_WORKERS}
 
     @extend_schema(parameters=[OpenApiParameter("status", str, enum=["CONNECTED", "DISCONNECTED"]),
-                               OpenApiParameter("limit", int), OpenApiParameter("offset", int)],
+                               *PAGE_PARAMETERS],
                    responses={200: s.WorkerSerializer(many=True), **ERRORS})
     def list(self, request: Request) -> Response:
         return paginate(self, request, selectors.worker_list(status=query_param(request, "status")),

@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand
 
 from tasks.api.auth import api_key_create
+from tasks.models import ApiKey
 
 
 class Command(BaseCommand):
@@ -8,9 +9,12 @@ class Command(BaseCommand):
 
     def add_arguments(self, parser):
         parser.add_argument("name", help="What the key is for, e.g. 'billing-service'.")
+        parser.add_argument("--scope", choices=ApiKey.Scope.values, default=ApiKey.Scope.WRITE,
+                            help="read: reads only; write (default): and create, cancel, replay, signal; "
+                                 "admin: and delete tasks.")
 
-    def handle(self, *args, name: str, **options):
-        record, key = api_key_create(name=name)
-        self.stdout.write(f"Created API key {record.name!r} (prefix {record.prefix}). Send it as "
+    def handle(self, *args, name: str, scope: str, **options):
+        record, key = api_key_create(name=name, scope=scope)
+        self.stdout.write(f"Created API key {record.name!r} (prefix {record.prefix}, scope {record.scope}). Send it as "
                           "'Authorization: Bearer <key>'; it is not shown again:")
         self.stdout.write(key)

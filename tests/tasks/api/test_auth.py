@@ -8,6 +8,7 @@ import logging
 
 import grpc
 import pytest
+from django.contrib.auth.models import Permission
 from django.core.management import call_command
 from rest_framework.test import APIClient
 
@@ -94,7 +95,10 @@ def test_a_logged_in_non_staff_user_is_refused(django_user_model):
 
 @pytest.mark.django_db
 def test_staff_sessions_need_the_csrf_token_to_write(django_user_model):
-    django_user_model.objects.create_user("ops", password="pw-123456789", is_staff=True)
+    ops = django_user_model.objects.create_user("ops", password="pw-123456789", is_staff=True)
+    # The permissions the admin would require (tests/tasks/api/test_permissions.py covers the rest).
+    ops.user_permissions.add(*Permission.objects.filter(content_type__app_label="tasks",
+                                                        codename__in=["view_task", "add_task"]))
     client = APIClient(enforce_csrf_checks=True)
     assert client.login(username="ops", password="pw-123456789")
     assert client.get(URL).status_code == 200
@@ -136,6 +140,7 @@ def test_anonymous_mode(anon_client, settings):
 @pytest.mark.django_db
 def test_staff_session_works(anon_client, django_user_model):
     user = django_user_model.objects.create_user("ops", password="pw-123456", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(content_type__app_label="tasks", codename="view_task"))
     anon_client.force_login(user)
     assert anon_client.get("/api/v1/tasks").status_code == 200
     plain = django_user_model.objects.create_user("plain", password="pw-123456")
