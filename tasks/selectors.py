@@ -118,7 +118,7 @@ def dead_letter_list(*, queue: str | None = None) -> QuerySet[DeadLetter]:
 
 
 def worker_list(*, status: str | None = None) -> QuerySet[Worker]:
-    qs = Worker.objects.all().order_by("-connected_at")
+    qs = Worker.objects.all().order_by("-connected_at", "-id")
     if status:
         if status.upper() not in WORKER_STATUSES:
             raise ValidationError.field("status", f"must be one of {', '.join(WORKER_STATUSES)}")

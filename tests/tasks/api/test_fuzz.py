@@ -7,13 +7,15 @@ shape; and a rejected request must not have written a row.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import schemathesis
 from django.core.wsgi import get_wsgi_application
 from django.db import connection
 from hypothesis import HealthCheck, settings
 from schemathesis.config import SchemathesisConfig
-from schemathesis.specs.openapi.checks import negative_data_rejection
+from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
 from tasks.api.auth import hash_key
 from tasks.models import ApiKey
@@ -50,6 +52,14 @@ def test_api_answers_every_request_as_documented(case, fuzz_key):
         # Items are validated one by one and answered in the 200/201 body, so a batch holding an
         # invalid item is not refused as a whole.
         excluded.append(negative_data_rejection)
+    if (case.query or {}).get("cursor"):
+        # A cursor is opaque (tasks.api.pagination): only one the server issued is valid, which no
+        # schema can describe; any other string is refused with a 400 naming `cursor`.
+        excluded.append(positive_data_acceptance)
+    if "\\u0000" in json.dumps(case.body if isinstance(case.body, dict | list) else None):
+        # A NUL inside the free JSON of `input` or `metadata` is refused (PostgreSQL cannot store it):
+        # the schema says so in words, as JSON Schema cannot reach into free JSON.
+        excluded.append(positive_data_acceptance)
     response = case.call_and_validate(excluded_checks=excluded)
     if 400 <= response.status_code < 500:
         body = response.json()
