@@ -11,8 +11,10 @@ whole. Each query walks an index for a bounded number of entries:
 - queue lag reads the head of each (queue, PENDING, priority) range of
   `tasks_queue_status_idx`, whose next column is `run_at`;
 - throughput comes from `task_counters`, kept by a statement trigger on tasks
-  (tasks/sql/schema/counters.sql), small because old minutes are folded into one
-  total row.
+  (tasks/sql/schema/counters.sql), small because the scheduler's retention loop
+  folds old minutes into one total row.
+
+Nothing here writes: the overview and /metrics are read-only.
 
 The statements are in tasks/sql/dashboard.py.
 """
@@ -84,11 +86,6 @@ def connected_workers(*, limit: int = 500) -> list[dict[str, Any]]:
     for worker in workers:
         worker["free"] = max(worker["concurrency"] - worker["in_flight"], 0)
     return workers
-
-
-def counters_fold() -> None:
-    """Fold old counter minutes; a concurrent fold makes this one a no-op (advisory lock)."""
-    _rows(sql.FOLD_COUNTERS)
 
 
 def throughput(*, now: datetime | None = None, minutes: int = 60,
@@ -165,7 +162,6 @@ def overview(*, now: datetime | None = None) -> dict[str, Any]:
     """Everything the overview page shows, in a handful of bounded queries."""
     counts = status_counts(cap=COUNT_CAP)
     lag = queue_lag(now=now)
-    counters_fold()
     workers = connected_workers()
     statuses = [s.value for s in TaskStatus]
     rows = []
@@ -199,13 +195,23 @@ class EstimatedCountPaginator(Paginator):
 
     @cached_property
     def count(self) -> int:
-        qs = self.object_list.order_by()
-        if not qs.query.where:
-            estimate = table_estimate(qs.model._meta.db_table)
-        else:
-            statement, params = qs.values("pk").query.sql_with_params()
-            estimate = planner_estimate(statement, params)
-        if estimate > self.cap:
-            return estimate
-        exact = qs[: self.cap + 1].count()
-        return exact if exact <= self.cap else max(self.cap + 1, estimate)
+        return bounded_count(self.object_list, self.cap)[0]
+
+
+def bounded_count(qs: Any, cap: int = COUNT_CAP) -> tuple[int, bool]:
+    """(count, exact) of a queryset's rows, reading at most `cap` + 1 of them.
+
+    PostgreSQL is asked first: pg_class.reltuples for a whole table, the planner's estimate
+    (EXPLAIN) for a filtered one. Above `cap` that estimate is the answer; below, the rows are
+    counted, at most `cap` + 1, and a count past `cap` is answered with the estimate (at
+    least `cap` + 1)."""
+    qs = qs.order_by()
+    if not qs.query.where:
+        estimate = table_estimate(qs.model._meta.db_table)
+    else:
+        statement, params = qs.values("pk").query.sql_with_params()
+        estimate = planner_estimate(statement, params)
+    if estimate > cap:
+        return estimate, False
+    exact = qs[: cap + 1].count()
+    return (exact, True) if exact <= cap else (max(cap + 1, estimate), False)

@@ -1,4 +1,6 @@
-"""`GET /metrics`: Prometheus text format, computed from the database at scrape time.
+"""`GET /metrics`: Prometheus text format, computed from the database, at most once per
+VALKA_METRICS_CACHE_SECONDS (10) in each process whatever the scrape rate, and without a write:
+an endpoint that may be public must not let a busy or hostile scraper load the database.
 
 Several dispatchers and web processes run at once and restart at will, so no
 number here lives in a process. Gauges are read from the tables when scraped;
@@ -12,6 +14,7 @@ without `rate()`. The statements are in tasks/sql/metrics.py.
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Sequence
@@ -30,6 +33,7 @@ from tasks import dashboard
 from tasks.api.auth import ApiKeyAuthentication
 from tasks.sql import metrics as sql
 from tasks.states import ACTIVE_STATES
+from valka.conf import valka_settings
 
 WINDOW_SECONDS = 300
 SAMPLE_LIMIT = 10_000  # at most this many runs per histogram per scrape
@@ -86,7 +90,6 @@ class ValkaCollector:
 
         yield GaugeMetricFamily("valka_workers_connected", "Workers connected to a dispatcher.", value=workers)
 
-        dashboard.counters_fold()
         totals = dashboard.counter_totals()
         for kind in dashboard.COUNTER_KINDS:
             family = CounterMetricFamily(f"valka_tasks_{kind}", COUNTER_HELP[kind], labels=["queue"])
@@ -110,6 +113,32 @@ class ValkaCollector:
 
 registry = CollectorRegistry(auto_describe=False)
 registry.register(ValkaCollector())
+
+
+class Exposition:
+    """The process's last computed exposition. Scrapes that arrive while it is being computed wait
+    for it and share it, so a burst of scrapes costs one computation."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._body = b""
+        self._at: float | None = None
+        self.computed = 0  # computations so far
+
+    def get(self) -> bytes:
+        with self._lock:
+            if self._at is None or time.monotonic() - self._at >= valka_settings.METRICS_CACHE_SECONDS:
+                self._body = generate_latest(registry)
+                self._at = time.monotonic()
+                self.computed += 1
+            return self._body
+
+    def forget(self) -> None:
+        with self._lock:
+            self._at = None
+
+
+exposition = Exposition()
 
 
 def metrics_public() -> bool:
@@ -136,4 +165,4 @@ def metrics_view(request: HttpRequest) -> HttpResponse:
         response = HttpResponse("authentication required\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = "Bearer"
         return response
-    return HttpResponse(generate_latest(registry), content_type=CONTENT_TYPE_LATEST)
+    return HttpResponse(exposition.get(), content_type=CONTENT_TYPE_LATEST)

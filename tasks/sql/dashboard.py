@@ -73,9 +73,6 @@ ORDER BY w.name, w.id
 LIMIT %(limit)s
 """
 
-# -- Fold counter minutes older than two hours into their per-(queue, kind) total row. --
-FOLD_COUNTERS = "SELECT valka_task_counters_fold()"
-
 # -- Per-minute throughput of the last hour, all queues, from the counter table's primary key. --
 THROUGHPUT = """
 SELECT minute, kind, sum(n)::bigint FROM task_counters

@@ -208,9 +208,14 @@ DELETE FROM tasks WHERE ctid = ANY(ARRAY(SELECT ctid FROM picked))
 RETURNING id
 """
 
+# -- Fold counter minutes older than two hours into one total row per (queue, kind): the table
+# -- behind /metrics and the overview's chart stays small (tasks/sql/schema/counters.sql). --
+FOLD_COUNTERS = "SELECT valka_task_counters_fold()"
+
 # ---------------------------------------------------------------- leader election
 
-# -- Take the scheduler's advisory lock for this session, if no other session holds it. --
+# -- Take the scheduler's advisory lock for this session, if no other session holds it (a session
+# of its own: never through a transaction pooler). --
 TRY_LEADER_LOCK = "SELECT pg_try_advisory_lock(%s)"
 
 # -- The leader's lock connection still answers (its session, and so the lock, is alive). --

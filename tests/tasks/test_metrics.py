@@ -1,18 +1,30 @@
-"""GET /metrics: computed from the database, public unless configured otherwise, and label values
-(queue names, which rows from elsewhere could make hostile) quoted."""
+"""GET /metrics: computed from the database at most once per VALKA_METRICS_CACHE_SECONDS per process,
+without a write, public unless configured otherwise, and label values (queue names, which rows from
+elsewhere could make hostile) quoted."""
 
+import threading
+import urllib.request
 from datetime import timedelta
 
 import pytest
 from django.conf import settings
+from django.db import connection
 from django.test import override_settings
+from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from tasks.metrics import exposition
 from tasks.models import Task, TaskRun
 from tests.factories import TaskFactory, TaskRunFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
+
+
+@pytest.fixture(autouse=True)
+def fresh():
+    """Each test computes its own figures: none left from an earlier test's scrape."""
+    exposition.forget()
 
 
 def metrics(client, **headers):
@@ -69,3 +81,56 @@ def test_metrics_quote_hostile_queue_names(client):
     families = {f.name: f for f in text_string_to_metric_families(r.content.decode())}
     queues = {s.labels["queue"] for s in families["valka_tasks"].samples}
     assert {'a"b', "line\nbreak", "back\\slash", "x'; DROP TABLE tasks; --"} <= queues
+
+
+def test_a_burst_of_scrapes_costs_one_computation(client):
+    TaskFactory(queue="emails")
+    computed = exposition.computed
+    with CaptureQueriesContext(connection) as first:
+        assert metrics(client)["valka_tasks[('queue', 'emails'), ('status', 'PENDING')]"] == 1
+    assert first.captured_queries, "the first scrape reads the database"
+    TaskFactory(queue="emails")
+    with CaptureQueriesContext(connection) as burst:
+        answers = [client.get("/metrics").content for _ in range(199)]
+    assert not burst.captured_queries and exposition.computed == computed + 1
+    assert len(set(answers)) == 1, "the burst is answered with the first scrape's figures"
+    exposition.forget()  # as VALKA_METRICS_CACHE_SECONDS passing would
+    assert metrics(client)["valka_tasks[('queue', 'emails'), ('status', 'PENDING')]"] == 2
+
+
+def test_concurrent_scrapes_wait_for_one_computation(live_server):
+    computed = exposition.computed
+    answers = []
+
+    def scrape():
+        with urllib.request.urlopen(f"{live_server.url}/metrics") as response:
+            answers.append(response.read())
+
+    threads = [threading.Thread(target=scrape) for _ in range(20)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(answers) == 20 and len(set(answers)) == 1
+    assert exposition.computed == computed + 1
+
+
+def test_the_cache_lasts_the_configured_seconds(client, settings):
+    settings.VALKA = {**settings.VALKA, "METRICS_CACHE_SECONDS": 0}
+    computed = exposition.computed
+    for _ in range(3):
+        client.get("/metrics")
+    assert exposition.computed == computed + 3
+
+
+def test_a_scrape_writes_nothing(client):
+    """Even with counter minutes old enough to fold, a scrape only reads (the scheduler folds)."""
+    TaskFactory(queue="emails")
+    written = "SELECT sum(n_tup_ins + n_tup_upd + n_tup_del) FROM pg_stat_xact_user_tables"
+    with connection.cursor() as cursor:
+        cursor.execute("UPDATE task_counters SET minute = minute - interval '3 hours'")
+        cursor.execute(written)
+        before = cursor.fetchone()[0]
+        assert metrics(client)["valka_tasks_created_total[('queue', 'emails')]"] == 1
+        cursor.execute(written)
+        assert cursor.fetchone()[0] == before, "the scrape wrote rows"

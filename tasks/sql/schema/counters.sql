@@ -13,8 +13,8 @@
 -- transactions ever touch the same counter row: no waits, no deadlocks.
 --
 -- valka_task_counters_fold() folds minutes older than `keep` into one row per
--- (queue, kind) at minute '-infinity', so the table stays small; /metrics and the
--- overview call it before they read (one index probe when there is nothing to fold).
+-- (queue, kind) at minute '-infinity', so the table stays small; the scheduler's
+-- retention loop calls it, so that /metrics and the overview only read.
 
 CREATE OR REPLACE FUNCTION valka_count_task_inserts() RETURNS trigger AS $$
 BEGIN
