@@ -15,11 +15,17 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from tasks.notify import TASK_EVENT, TASK_LOG
 from tasks.sql import live as sql
+
+if TYPE_CHECKING:
+    from valka.listen import Listener
+
+log = logging.getLogger("valka.live")
 
 QUEUE_LIMIT = 1_000  # notifications a subscriber may be behind (each at most 8,000 bytes)
 LAGGED = "__lagged__"
@@ -36,12 +42,20 @@ class Fanout:
 
     The connection registers itself as a task event watcher: the event triggers build and
     send events only while at least one watcher exists (see tasks/sql/schema/events.sql).
+
+    `refusal`, given, is asked once, before the first LISTEN connection opens, why none should
+    (valka.poolers.refuse_pooler): through a transaction pooler a LISTEN hears nothing, and the
+    watcher it registers would have every change build events for nobody. Refused, the fanout
+    logs why and never listens; subscribers get no notifications.
     """
 
-    def __init__(self, conninfo: str | None = None, *, linger: float = 60.0) -> None:
+    def __init__(self, conninfo: str | None = None, *, linger: float = 60.0,
+                 refusal: Callable[[], Awaitable[str | None]] | None = None) -> None:
         self._subscribers: dict[str, set[asyncio.Queue[str]]] = {}
         self._conninfo = conninfo
         self._linger = linger
+        self._refusal = refusal
+        self.refused: str | None = None
         self._closed = False
         self._listener: asyncio.Task | None = None
         self._listener_stop = asyncio.Event()  # the current listener's
@@ -53,7 +67,7 @@ class Fanout:
         if self._idle is not None:
             self._idle.cancel()
             self._idle = None
-        if self._conninfo is None or self._closed or (
+        if self._conninfo is None or self._closed or self.refused is not None or (
                 self._listener is not None and not self._listener.done() and not self._listener_stop.is_set()):
             return
         from valka.listen import Listener
@@ -63,9 +77,18 @@ class Fanout:
                             on_connect=_watch, on_stop=_unwatch)
         self.listening = listener.connected
         self._listener_stop = asyncio.Event()
-        self._listener = asyncio.get_running_loop().create_task(listener.run(self._listener_stop))
+        self._listener = asyncio.get_running_loop().create_task(self._run(listener, self._listener_stop))
         self._listeners.add(self._listener)
         self._listener.add_done_callback(self._listeners.discard)
+
+    async def _run(self, listener: Listener, stop: asyncio.Event) -> None:
+        if self._refusal is not None:
+            refusal, self._refusal = self._refusal, None
+            if (why := await refusal()) is not None:
+                self.refused = why
+                log.error("%s", why)
+                return
+        await listener.run(stop)
 
     def _release_if_idle(self) -> None:
         self._idle = None
@@ -80,15 +103,18 @@ class Fanout:
         await asyncio.gather(*self._listeners, return_exceptions=True)
 
     async def ready(self, timeout: float = 15.0) -> None:
-        """Wait (bounded) until notifications flow, so a new subscriber misses nothing after this.
+        """Wait (bounded) until notifications flow, so a new subscriber misses nothing after this,
+        or until the listener ends (refused, or stopped).
 
         Bounded so that a stream still starts while the database is out of reach; generously,
         as a busy machine can take seconds to open the LISTEN connection."""
-        if self.listening is not None:
-            try:
-                await asyncio.wait_for(self.listening.wait(), timeout)
-            except TimeoutError:
-                pass
+        if self.listening is None or self._listener is None:
+            return
+        connected = asyncio.ensure_future(self.listening.wait())
+        try:
+            await asyncio.wait({connected, self._listener}, timeout=timeout, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            connected.cancel()
 
     def subscribe(self, channel: str) -> asyncio.Queue[str]:
         """A queue of the channel's payloads; `await ready()` before relying on what it will get."""
@@ -144,13 +170,17 @@ _hubs: dict[int, Fanout] = {}
 
 
 def process_fanout() -> Fanout:
-    """The fanout of this process's event loop (its LISTEN connection opens with the first subscriber)."""
+    """The fanout of this process's event loop (its LISTEN connection opens with the first subscriber,
+    once a look has found no transaction pooler on its way: the web app has no start-up of its own
+    to look at)."""
     from valka.db import conninfo
+    from valka.poolers import refuse_pooler
 
     loop = asyncio.get_running_loop()
     fanout = _hubs.get(id(loop))
     if fanout is None:
-        fanout = _hubs[id(loop)] = Fanout(conninfo(application_name="valka-web-listen"))
+        fanout = _hubs[id(loop)] = Fanout(conninfo(application_name="valka-web-listen", direct=True),
+                                          refusal=lambda: refuse_pooler("web"))
     return fanout
 
 
