@@ -8,6 +8,19 @@ handler would instead move a sync request between the event loop and a thread
 for each middleware hook and for the view: with the middleware of this project,
 about fifteen hand-overs per request, which cost more CPU than the request itself
 and keep concurrent requests from overlapping.
+
+Every request body is read here, before either handler sees it, and within limits:
+- a request with a body to the REST API (under /api/, but for its public schema and docs pages)
+  must first present a credential, unless VALKA_API_ANONYMOUS opens the API: with no
+  `Authorization` header and no session cookie it is answered 401 without a byte of its body
+  read, and so is an `Authorization` header that names no live API key (the key is looked up in
+  a web thread first). A session cookie is checked by Django, as is the CSRF token with it;
+- no more than DATA_UPLOAD_MAX_MEMORY_SIZE bytes are read: a `Content-Length` announcing more is
+  answered 413 before anything is read, and a body that grows past it is answered 413 as soon as
+  it does, the rest left unread;
+- the body is kept in memory up to FILE_UPLOAD_MAX_MEMORY_SIZE, and past it (a limit raised that
+  high) in a temporary file written in a thread, never on the event loop.
+A body left unread is the server's to discard (uvicorn skips it once the response is sent).
 """
 
 from __future__ import annotations
@@ -15,6 +28,8 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import io
+import json
 import os
 import sys
 import tempfile
@@ -28,16 +43,31 @@ os.environ.setdefault("DJANGO_SETTINGS_MODULE", "valka.settings")
 
 _django_asgi = get_asgi_application()  # sets Django up
 
-from asgiref.sync import iscoroutinefunction  # noqa: E402
+from asgiref.sync import iscoroutinefunction, sync_to_async  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.core.handlers.wsgi import WSGIHandler  # noqa: E402
+from django.db import close_old_connections  # noqa: E402
+from django.http.cookie import parse_cookie  # noqa: E402
 from django.urls import Resolver404, resolve  # noqa: E402
 
-from valka.conf import valka_settings  # noqa: E402
+from tasks.api.auth import KEY_ENVIRON, api_key_live  # noqa: E402
+from tasks.api.errors import error_body  # noqa: E402
+from tasks.models import ApiKey  # noqa: E402
+from valka.conf import refuse_development_key, valka_settings  # noqa: E402
+
+if (_refused := refuse_development_key("web")) is not None:
+    print(_refused, file=sys.stderr)
+    raise SystemExit(1)
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]
 STREAM_BATCH = 256 * 1024  # bytes of a streaming response handed to the event loop at once
+API_PREFIX = "/api/"
+API_PUBLIC = frozenset({"schema", "docs"})  # /api/schema/, /api/docs/: public pages
+
+
+class _BodyTooLarge(Exception):
+    """More of the body arrived than the limit allows."""
 
 
 class Application:
@@ -49,27 +79,68 @@ class Application:
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="valka-web")
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and not _async_view(scope):
-            await self.sync_request(scope, receive, send)
+        if scope["type"] == "http":
+            await self.http(scope, receive, send)
         else:
             await self.asgi(scope, receive, send)
 
-    async def sync_request(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        """The body is read here, the request runs in one thread, and the response is sent from here:
-        one hand-over each way. A streaming response is sent as its thread produces it."""
-        body = await _read_body(receive)
-        if body is None:
-            return  # the client went away
+    async def http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """A caller the REST API would refuse is refused before its body is read; the body is read
+        within the limit; then a sync view runs in a thread, an async one on Django's ASGI handler."""
+        api = _is_api(_path_info(scope))
+        key = None
+        if api and not valka_settings.API_ANONYMOUS and _has_body(scope):
+            refusal, key = await self._refusal(scope)
+            if refusal is not None:
+                await _send_error(send, 401, "UNAUTHORIZED", refusal, api=True,
+                                  headers=[(b"www-authenticate", b"Bearer")])
+                return
+        is_async = _async_view(scope)
+        limit = _body_limit(is_async)
+        announced = _content_length(scope)
         try:
-            await self._respond(scope, body, send)
+            if limit is not None and announced is not None and announced > limit:
+                raise _BodyTooLarge
+            read = await _read_body(receive, limit)
+        except _BodyTooLarge:
+            await _send_error(send, 413, "PAYLOAD_TOO_LARGE", f"body: larger than the limit of {limit} bytes",
+                              {"body": [f"larger than {limit} bytes"]}, api=api)
+            return
+        if read is None:
+            return  # the client went away
+        body, size = read
+        try:
+            if is_async:
+                await self.asgi(scope, _replay(body.getvalue(), receive), send)
+            else:
+                await self.sync_request(scope, body, size, send, key)
         finally:
-            body.close()
+            _close(body)
 
-    async def _respond(self, scope: dict[str, Any], body: Any, send: Send) -> None:
+    async def _refusal(self, scope: dict[str, Any]) -> tuple[str | None, ApiKey | None]:
+        """Why the REST API would refuse this caller (its message) or None, and the live API key it
+        presents, if any: handed on to the API's authentication, which then does not look it up
+        again. A session cookie is for Django to check. A key is looked for first, and a bad one
+        is refused whatever else comes with it, as the API's authentication does."""
+        authorization = _header(scope, b"authorization").decode("latin-1")
+        if authorization:
+            scheme, _, key = authorization.partition(" ")
+            if scheme.lower() != "bearer" or not key.strip():
+                return "invalid authorization header", None
+            live = await sync_to_async(_live_key, thread_sensitive=False, executor=self.executor)(key.strip())
+            return (None, live) if live is not None else ("invalid API key", None)
+        if _session_cookie(scope):
+            return None, None
+        return "Authentication credentials were not provided.", None
+
+    async def sync_request(self, scope: dict[str, Any], body: Any, size: int, send: Send,
+                           key: ApiKey | None = None) -> None:
+        """The request runs in one thread, and the response is sent from here: one hand-over each
+        way. A streaming response is sent as its thread produces it."""
         loop = asyncio.get_running_loop()
         context = contextvars.copy_context()
         response = await loop.run_in_executor(
-            self.executor, context.run, self._run, _environ(scope, body), loop, send)
+            self.executor, context.run, self._run, _environ(scope, body, size, key), loop, send)
         if response is not None:
             status, headers, content = response
             await send({"type": "http.response.start", "status": status, "headers": headers})
@@ -142,25 +213,142 @@ def _path_info(scope: dict[str, Any]) -> str:
     return path
 
 
-async def _read_body(receive: Receive) -> Any:
-    """The request body in a spooled file (memory up to FILE_UPLOAD_MAX_MEMORY_SIZE), as Django's
-    ASGI handler keeps it; None when the client disconnects first."""
-    body = tempfile.SpooledTemporaryFile(max_size=settings.FILE_UPLOAD_MAX_MEMORY_SIZE, mode="w+b")
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            body.close()
-            return None
-        if chunk := message.get("body"):
-            body.write(chunk)
-        if not message.get("more_body"):
-            break
-    body.seek(0)
-    return body
+def _is_api(path: str) -> bool:
+    """Whether `path` is the REST API's, whose callers present a credential (not its schema or docs)."""
+    if not path.startswith(API_PREFIX):
+        return False
+    return path[len(API_PREFIX):].split("/", 1)[0] not in API_PUBLIC
 
 
-def _environ(scope: dict[str, Any], body: Any) -> dict[str, Any]:
-    """The WSGI environ of an ASGI HTTP scope (PEP 3333 strings: latin-1 for bytes)."""
+def _header(scope: dict[str, Any], name: bytes) -> bytes:
+    """A request header's value (repeated ones joined with commas, as in the WSGI environ); b"" without it."""
+    return b",".join(value for key, value in scope.get("headers", ()) if key.lower() == name)
+
+
+def _content_length(scope: dict[str, Any]) -> int | None:
+    """The body's announced length; None when not announced (or not a number, for the server to refuse)."""
+    value = _header(scope, b"content-length")
+    try:
+        return int(value) if value else None
+    except ValueError:
+        return None
+
+
+def _has_body(scope: dict[str, Any]) -> bool:
+    """Whether the request may carry a body: a length above 0, or a chunked one; over HTTP/2 and
+    later a body needs no header to announce it."""
+    if _header(scope, b"transfer-encoding"):
+        return True
+    if _header(scope, b"content-length"):
+        length = _content_length(scope)
+        return length is None or length > 0
+    return scope.get("http_version", "1.1") not in ("1.0", "1.1")
+
+
+def _session_cookie(scope: dict[str, Any]) -> bool:
+    """Whether the request carries Django's session cookie (Django decides what it is worth)."""
+    for name, value in scope.get("headers", ()):
+        if name.lower() == b"cookie" and parse_cookie(value.decode("latin-1")).get(settings.SESSION_COOKIE_NAME):
+            return True
+    return False
+
+
+def _live_key(key: str) -> ApiKey | None:
+    """In a web thread, as Django's request cycle would: a healthy connection to look the key up,
+    and none held afterwards (back to the pool)."""
+    close_old_connections()
+    try:
+        return api_key_live(key)
+    finally:
+        close_old_connections()
+
+
+def _body_limit(is_async: bool) -> int | None:
+    """The most body bytes read (None: no limit, as DATA_UPLOAD_MAX_MEMORY_SIZE None means to
+    Django). An async view's body is handed to Django's ASGI handler, which would write past
+    FILE_UPLOAD_MAX_MEMORY_SIZE to a file on the event loop, so it is kept under that too."""
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    if is_async:
+        memory = settings.FILE_UPLOAD_MAX_MEMORY_SIZE
+        limit = memory if limit is None else min(limit, memory)
+    return limit
+
+
+async def _send_error(send: Send, status: int, code: str, message: str, details: dict[str, Any] | None = None,
+                      *, api: bool, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    """An answer of our own: the REST API's error shape, or plain text outside the API."""
+    if api:
+        content = json.dumps(error_body(code, message, details)).encode()
+        content_type = b"application/json"
+    else:
+        content = message.encode()
+        content_type = b"text/plain; charset=utf-8"
+    await send({"type": "http.response.start", "status": status, "headers": [
+        (b"content-type", content_type), (b"content-length", str(len(content)).encode()),
+        (b"x-content-type-options", b"nosniff"), *headers]})
+    await send({"type": "http.response.body", "body": content})
+
+
+async def _read_body(receive: Receive, limit: int | None) -> tuple[Any, int] | None:
+    """The request body and its length, read as it arrives; None when the client disconnects first.
+    Raises _BodyTooLarge as soon as more than `limit` bytes have arrived, the rest left unread.
+    The body is kept in memory up to FILE_UPLOAD_MAX_MEMORY_SIZE; past it, in a temporary file
+    created and written in a thread, never on the event loop."""
+    memory = settings.FILE_UPLOAD_MAX_MEMORY_SIZE
+    chunks: list[bytes] = []
+    size = 0
+    spill: Any = None
+    try:
+        while True:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            if chunk := message.get("body"):
+                size += len(chunk)
+                if limit is not None and size > limit:
+                    raise _BodyTooLarge
+                chunks.append(chunk)
+                if spill is not None or size > memory:
+                    if spill is None:
+                        spill = await asyncio.to_thread(tempfile.TemporaryFile, mode="w+b")
+                    await asyncio.to_thread(spill.writelines, chunks)
+                    chunks = []
+            if not message.get("more_body"):
+                break
+        if spill is None:
+            return io.BytesIO(b"".join(chunks)), size
+        await asyncio.to_thread(spill.seek, 0)  # flushes the file's buffer: a write
+        body, spill = spill, None
+        return body, size
+    finally:
+        if spill is not None:
+            _close(spill)
+
+
+def _close(body: Any) -> None:
+    """Close a body: a file's in a thread (it may free its disk blocks), not waited for."""
+    if isinstance(body, io.BytesIO):
+        body.close()
+    else:
+        asyncio.get_running_loop().run_in_executor(None, body.close)
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """A `receive` for Django's ASGI handler: the body read here, then the client's own messages
+    (its disconnect, which an event stream waits for)."""
+    pending = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def replay() -> dict[str, Any]:
+        if pending:
+            return pending.pop()
+        return await receive()
+
+    return replay
+
+
+def _environ(scope: dict[str, Any], body: Any, size: int, key: ApiKey | None = None) -> dict[str, Any]:
+    """The WSGI environ of an ASGI HTTP scope (PEP 3333 strings: latin-1 for bytes), with the API
+    key already found live for this request (no header can set that entry)."""
     root = scope.get("root_path", "")
     path = _path_info(scope)
     server = scope.get("server") or ("localhost", 80)
@@ -189,9 +377,9 @@ def _environ(scope: dict[str, Any], body: Any) -> dict[str, Any]:
         value = raw_value.decode("latin-1")
         environ[name] = f"{environ[name]},{value}" if name in environ else value
     # The whole body was read: its real length (a chunked request has no Content-Length).
-    body.seek(0, os.SEEK_END)
-    environ["CONTENT_LENGTH"] = str(body.tell())
-    body.seek(0)
+    environ["CONTENT_LENGTH"] = str(size)
+    if key is not None:
+        environ[KEY_ENVIRON] = key
     return environ
 
 

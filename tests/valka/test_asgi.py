@@ -1,0 +1,265 @@
+"""The ASGI entry (valka.asgi) and request bodies: a caller the REST API would refuse is refused
+before its body is read, the size limit applies while the body arrives, and nothing blocking
+(a temporary file) runs on the event loop. Driven with hand-made scope, receive and send.
+
+The requests run on the app's web threads, on connections of their own: the rows a test makes
+must be committed, hence `django_db(transaction=True)`."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import tempfile
+from typing import Any
+
+import pytest
+from django.conf import settings
+from django.db import connections
+from django.test import Client
+
+from tasks.api.auth import api_key_create
+from tasks.models import Task
+from valka import asgi
+
+pytestmark = pytest.mark.django_db(transaction=True)
+
+URL = "/api/v1/tasks"
+KiB = 1024
+MiB = 1024 * KiB
+CHUNK = 64 * KiB
+TASK = json.dumps({"task_name": "t", "queue": "q"}).encode()
+
+
+class Request:
+    """One request's client side: `receive` hands out the body in CHUNK-sized messages and counts
+    what it handed out; `send` keeps the response."""
+
+    def __init__(self, size: int | None = None, body: bytes | None = None) -> None:
+        self.body = body
+        self.size = len(body) if body is not None else size or 0
+        self.handed = 0  # body bytes given to the app
+        self.calls = 0  # receive() calls
+        self.messages: list[dict[str, Any]] = []
+
+    async def receive(self) -> dict[str, Any]:
+        self.calls += 1
+        if self.handed >= self.size and self.calls > 1:
+            return {"type": "http.disconnect"}  # asked again once the body is all out: the client is gone
+        n = min(CHUNK, self.size - self.handed)
+        chunk = self.body[self.handed:self.handed + n] if self.body is not None else b"x" * n
+        self.handed += n
+        return {"type": "http.request", "body": chunk, "more_body": self.handed < self.size}
+
+    async def send(self, message: dict[str, Any]) -> None:
+        self.messages.append(message)
+
+    @property
+    def status(self) -> int:
+        return self.messages[0]["status"]
+
+    @property
+    def headers(self) -> dict[bytes, bytes]:
+        return dict(self.messages[0]["headers"])
+
+    def json(self) -> dict[str, Any]:
+        return json.loads(b"".join(m.get("body", b"") for m in self.messages[1:]))
+
+
+def call(request: Request, path: str = URL, *, method: str = "POST", headers: dict[str, str] | None = None,
+         announce: bool = True, app: Any = None) -> Request:
+    """Run one request through the app. `announce`: a Content-Length, else a chunked body."""
+    sent = [(b"host", b"testserver"), (b"content-type", b"application/json")]
+    if request.size:
+        sent.append((b"content-length", str(request.size).encode()) if announce
+                    else (b"transfer-encoding", b"chunked"))
+    sent += [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]
+    scope = {
+        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
+        "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
+        "root_path": "", "headers": sent, "client": ("127.0.0.1", 40000), "server": ("testserver", 80),
+    }
+    asyncio.run((app or asgi.application)(scope, request.receive, request.send))
+    return request
+
+
+def assert_api_error(request: Request, status: int, code: str) -> dict[str, Any]:
+    assert request.status == status, request.messages
+    assert request.headers[b"content-type"] == b"application/json"
+    body = request.json()
+    assert set(body) == {"error", "message", "details"} and body["error"] == code
+    return body
+
+
+def bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+@pytest.fixture
+def key() -> str:
+    return api_key_create(name="asgi")[1]
+
+
+@pytest.fixture
+def temp_files(monkeypatch) -> list[bool]:
+    """Every temporary file the app makes, as whether it was made on the event loop's thread."""
+    made: list[bool] = []
+    for name in ("TemporaryFile", "SpooledTemporaryFile", "NamedTemporaryFile"):
+        real = getattr(tempfile, name)
+
+        def spy(*args: Any, _real: Any = real, **kwargs: Any) -> Any:
+            try:
+                asyncio.get_running_loop()
+                made.append(True)
+            except RuntimeError:
+                made.append(False)
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(tempfile, name, spy)
+    return made
+
+
+# -- No credential, or a wrong one: 401 before the body is read. --
+
+@pytest.mark.parametrize("announce", [True, False], ids=["content-length", "chunked"])
+def test_a_caller_without_credentials_is_refused_before_the_body_is_read(announce, temp_files):
+    request = call(Request(size=10 * MiB), announce=announce)
+    body = assert_api_error(request, 401, "UNAUTHORIZED")
+    assert request.headers[b"www-authenticate"] == b"Bearer"
+    assert body["details"] == {}
+    assert request.handed == 0 and request.calls == 0, "not a byte of the body read"
+    assert temp_files == [] and Task.objects.count() == 0
+
+
+@pytest.mark.parametrize("authorization", [
+    "Bearer vk_wrong-0123456789abcdefghijklmnopqrstuvwxyzABCD",  # no such key
+    "Bearer ",
+    "Basic dXNlcjpwYXNz",
+])
+def test_a_wrong_key_is_refused_before_the_body_is_read(authorization, key, temp_files):
+    request = call(Request(size=10 * MiB), headers={"Authorization": authorization}, announce=False)
+    body = assert_api_error(request, 401, "UNAUTHORIZED")
+    assert request.headers[b"www-authenticate"] == b"Bearer"
+    assert request.handed == 0 and request.calls == 0
+    for secret in ("wrong-0123", "dXNlcjpwYXNz", "vk_"):
+        assert secret not in json.dumps(body)
+    assert temp_files == [] and Task.objects.count() == 0
+
+
+def test_a_revoked_key_is_refused_before_the_body_is_read():
+    record, key = api_key_create(name="old")
+    record.revoked = True
+    record.save()
+    request = call(Request(body=TASK), headers=bearer(key))
+    assert_api_error(request, 401, "UNAUTHORIZED")
+    assert request.handed == 0 and Task.objects.count() == 0
+
+
+def test_the_key_look_up_holds_no_database_connection_afterwards():
+    app = asgi.Application(threads=1)  # one web thread: the one that looked the key up
+    try:
+        request = call(Request(body=TASK), headers=bearer("vk_not-a-key-0123456789abcdefghijklmnopqrstuv"), app=app)
+        assert_api_error(request, 401, "UNAUTHORIZED")
+        assert app.executor.submit(lambda: connections["default"].connection).result() is None
+    finally:
+        app.executor.shutdown()
+
+
+def test_an_event_stream_with_a_body_is_refused_likewise():
+    request = call(Request(size=10 * MiB), "/api/v1/events", announce=False)
+    assert_api_error(request, 401, "UNAUTHORIZED")
+    assert request.handed == 0
+
+
+# -- The size limit, applied as the body arrives. --
+
+def test_a_body_past_the_limit_is_413_as_soon_as_it_passes_it(key, temp_files):
+    limit = settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    request = call(Request(size=10 * MiB), headers=bearer(key), announce=False)
+    body = assert_api_error(request, 413, "PAYLOAD_TOO_LARGE")
+    assert str(limit) in body["message"] and "body" in body["details"]
+    assert limit < request.handed <= limit + CHUNK, "reading stopped with the chunk that passed the limit"
+    assert request.calls == -(-request.handed // CHUNK), "and receive() not called again"
+    assert temp_files == [] and Task.objects.count() == 0
+
+
+def test_a_content_length_past_the_limit_is_413_with_nothing_read(key):
+    request = call(Request(size=settings.DATA_UPLOAD_MAX_MEMORY_SIZE + 1), headers=bearer(key))
+    assert_api_error(request, 413, "PAYLOAD_TOO_LARGE")
+    assert request.handed == 0 and request.calls == 0
+
+
+def test_a_body_of_exactly_the_limit_is_read(key):
+    request = call(Request(size=settings.DATA_UPLOAD_MAX_MEMORY_SIZE), headers=bearer(key), announce=False)
+    assert request.handed == settings.DATA_UPLOAD_MAX_MEMORY_SIZE
+    assert_api_error(request, 400, "VALIDATION_ERROR")  # read, and found not to be JSON
+
+
+def test_the_limit_holds_outside_the_api_too():
+    request = call(Request(size=10 * MiB), "/admin/login/", announce=False)
+    assert request.status == 413 and request.headers[b"content-type"].startswith(b"text/plain")
+    assert request.handed <= settings.DATA_UPLOAD_MAX_MEMORY_SIZE + CHUNK
+
+
+# -- Callers the API takes. --
+
+def test_a_valid_key_and_a_normal_body_create_the_task(key, temp_files):
+    request = call(Request(body=TASK), headers=bearer(key))
+    assert request.status == 201, request.messages
+    assert Task.objects.filter(id=request.json()["id"]).exists()
+    assert request.handed == len(TASK)
+    assert temp_files == []
+
+
+def test_a_chunked_body_gets_its_real_length(key):
+    request = call(Request(body=TASK), headers=bearer(key), announce=False)
+    assert request.status == 201, request.messages
+
+
+def test_a_body_past_the_memory_limit_is_spilled_in_a_thread(key, settings, temp_files):
+    settings.FILE_UPLOAD_MAX_MEMORY_SIZE = 100 * KiB
+    body = json.dumps({"task_name": "t", "queue": "q", "input": {"pad": "x" * (300 * KiB)}}).encode()
+    request = call(Request(body=body), headers=bearer(key))
+    assert request.status == 201, request.messages
+    assert Task.objects.get(id=request.json()["id"]).input == {"pad": "x" * (300 * KiB)}
+    assert temp_files == [False], "one temporary file, made off the event loop"
+
+
+def test_anonymous_mode_takes_a_caller_without_credentials(settings):
+    settings.VALKA = {**settings.VALKA, "API_ANONYMOUS": True}
+    request = call(Request(body=TASK))
+    assert request.status == 201, request.messages
+    assert request.handed == len(TASK) and Task.objects.count() == 1
+
+
+def test_a_session_goes_on_to_django_which_checks_its_csrf_token(django_user_model):
+    user = django_user_model.objects.create_user("ops", is_staff=True)
+    browser = Client()
+    browser.force_login(user)
+    cookie = f"{settings.SESSION_COOKIE_NAME}={browser.cookies[settings.SESSION_COOKIE_NAME].value}"
+    request = call(Request(body=TASK), headers={"Cookie": cookie})
+    body = assert_api_error(request, 403, "FORBIDDEN")
+    assert "CSRF" in body["message"]
+    assert request.handed == len(TASK), "read, for Django to judge"
+    assert Task.objects.count() == 0
+
+
+def test_a_made_up_session_cookie_is_refused_by_django():
+    request = call(Request(body=TASK), headers={"Cookie": f"{settings.SESSION_COOKIE_NAME}=made-up"})
+    assert_api_error(request, 401, "UNAUTHORIZED")
+    assert Task.objects.count() == 0
+
+
+# -- What the gate leaves alone. --
+
+def test_requests_without_a_body_go_on_to_the_api_as_before(key):
+    assert_api_error(call(Request(), method="GET"), 401, "UNAUTHORIZED")  # DRF's own answer
+    request = call(Request(), method="GET", headers=bearer(key))
+    assert request.status == 200 and request.json()["results"] == []
+
+
+@pytest.mark.parametrize("path", ["/api/schema/", "/api/docs/", "/healthz", "/admin/login/"])
+def test_public_pages_are_not_gated(path):
+    request = call(Request(body=b"{}"), path)
+    assert request.status != 401, request.messages
+    assert request.handed == 2, "the body went on to Django"
+
