@@ -14,6 +14,10 @@ The parts, each built from what it uses (see docs/architecture.md):
 - `sweep`: looks at the rows for what a lost notification would have said (dispatcher.sweep);
 - a LISTEN connection that wakes the claimer and the relay, and the `fanout` of task events
   and log wake-ups for ApiService subscribers.
+
+The claim pool and the LISTEN connections keep sessions of their own (VALKA_DIRECT_DATABASE_URL
+when DATABASE_URL leads through a transaction pooler); the other pool's statements each stand
+alone and may go through one.
 """
 
 from __future__ import annotations
@@ -82,7 +86,7 @@ class DispatcherNode:
         self.pool = make_pool(f"valka-dispatcher {s.node_id}", min_size=2, max_size=6, session=sql.WRITER_SESSION)
         # Claims run on connections of their own, set up for that one statement (sql.CLAIM_SESSION).
         self.claim_pool = make_pool(f"valka-dispatcher-claim {s.node_id}", min_size=1, max_size=2,
-                                    session=sql.CLAIM_SESSION)
+                                    session=sql.CLAIM_SESSION, direct=True)
         self.sessions = SessionRegistry()
         self.relay = Relay(pool=self.pool, sessions=self.sessions)
         self.writer = Writer(pool=self.pool, relay=self.relay, cancel=self.relay.cancel,
@@ -101,9 +105,11 @@ class DispatcherNode:
                                    interval=s.keepalive_interval)
         # Task events and log wake-ups for ApiService subscribers, on a LISTEN connection of their own
         # opened by the first subscriber: most nodes never serve one.
-        self.fanout = Fanout(conninfo(application_name=f"valka-dispatcher-events {s.node_id}"))
+        self.fanout = Fanout(conninfo(application_name=f"valka-dispatcher-events {s.node_id}", direct=True))
+        # Other dispatchers judge this node alive by this connection's application name
+        # (sql.WORKER_ROW): it must be a session of its own, which a pooler would not keep.
         self.listener = Listener(
-            conninfo(application_name=f"{sql.LISTEN_APPLICATION} {s.node_id}"),
+            conninfo(application_name=f"{sql.LISTEN_APPLICATION} {s.node_id}", direct=True),
             {TASK_READY: self.claimer.wake,
              TASK_CANCELLED: lambda task_id: self.relay.cancel(task_id, "task cancelled"),
              SIGNAL_SENT: self.relay.on_signal},

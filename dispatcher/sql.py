@@ -8,9 +8,6 @@ from tasks.notify import TASK_LOG, TASK_READY
 from tasks.states import TaskStatus, guarded_update
 
 # -- The claim connections' settings (they run CLAIM and nothing else). --
-# Their commits do not wait for the WAL flush: a claim a crash of PostgreSQL loses leaves its task
-# PENDING, to be claimed again (at-least-once, as for any crash after a send), and the start
-# written after it is durable only once the claim is too.
 # A claim is a few index probes and an update by address, whatever the table holds. A queue
 # table's statistics are always behind (taken when it was empty, or before the last burst), and
 # on them the planner would scan the table or hash every PENDING task against the pick; so no
@@ -20,7 +17,12 @@ from tasks.states import TaskStatus, guarded_update
 # probes, and planning it (about 0.5 ms) cost three times running it, in every claim; left to
 # choose, PostgreSQL keeps planning it afresh. tests/dispatcher/test_claim_plan.py checks the
 # generic plan.
-CLAIM_SESSION = ("SET synchronous_commit = off; SET enable_seqscan = off; SET enable_hashjoin = off; "
+# These are session settings, set once per connection, because a plan is made before any of the
+# statement runs. They only steer plans, never what a statement does or how durably it commits,
+# and the claim pool has a session of its own (VALKA_DIRECT_DATABASE_URL behind a pooler; see
+# valka/poolers.py): through a transaction pooler they would reach other clients' plans, nothing more.
+# Durability is not set here: CLAIM sets it for its own transaction.
+CLAIM_SESSION = ("SET enable_seqscan = off; SET enable_hashjoin = off; "
                  "SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan")
 
 # -- The dispatcher's other connections: starts, results, heartbeats, logs, sessions. --
@@ -30,6 +32,10 @@ CLAIM_SESSION = ("SET synchronous_commit = off; SET enable_seqscan = off; SET en
 # of new runs and log lines too, whose plans a connection keeps: planned while tasks was
 # nearly empty, each check scanned the whole table once it had grown.
 # tests/dispatcher/test_writer_plans.py checks the plans.
+# These connections may go through a transaction pooler (DATABASE_URL): there the setting lands
+# on whichever server connection ran it and steers the plans of whoever gets that connection next,
+# and the writer's own statements may run without it (planned as PostgreSQL would anyway). It
+# changes plans only, never results or durability.
 WRITER_SESSION = "SET enable_seqscan = off"
 
 # -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --
@@ -47,6 +53,12 @@ WRITER_SESSION = "SET enable_seqscan = off"
 # before it holds mostly the entries claimed tasks left behind, which every claim would otherwise
 # walk again (dispatcher.claimer decides when to give it, and when to look behind it again).
 # SKIP LOCKED lets dispatchers claim side by side without waiting on each other.
+# The claim's commit does not wait for the WAL flush: a claim a crash of PostgreSQL loses leaves
+# its task PENDING, to be claimed again (at-least-once, as for any crash after a send), and the
+# start written after it is durable only once the claim is too. The statement says so for its own
+# transaction (set_config(..., true), evaluated once, before the rows are returned: the one-time
+# filter of the last SELECT), so it costs no round trip and never outlives the claim, even on a
+# connection a pooler hands to someone else next.
 # The UPDATE reaches the picked rows by their physical address (a TID scan; they are locked, so
 # they cannot move): joined on id, the planner, trusting stale statistics right after a bulk
 # insert, walked the whole PENDING index for every picked row.
@@ -81,7 +93,9 @@ WITH RECURSIVE priorities(priority) AS (
               "timeout_seconds, priority, run_at",
 ) + """
 )
-SELECT * FROM claimed ORDER BY priority DESC, run_at, id
+SELECT * FROM claimed
+WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
+ORDER BY priority DESC, run_at, id
 """
 
 

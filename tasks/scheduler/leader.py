@@ -4,7 +4,9 @@ The lock is `pg_try_advisory_lock(LOCK_KEY)`, held by the session of one
 dedicated connection. PostgreSQL releases it when that session ends, so a
 leader that dies (SIGKILL, crash, network gone) frees it by itself; a
 standby tries again every `retry_interval` and takes over within about that
-long of the server noticing.
+long of the server noticing. That connection must be a session of its own,
+never one a transaction pooler lends out (valka.db.conninfo(direct=True)):
+there the lock would stay with a server session after the leader is gone.
 
 The leader asks its lock connection `SELECT 1` every `check_interval`. If
 that fails or hangs past `check_timeout` it demotes itself at once (the

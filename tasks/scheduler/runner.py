@@ -45,7 +45,8 @@ class Scheduler:
         self.config = config or SchedulerConfig.from_settings()
         name = f"valka-scheduler {os.getpid()}"
         self.pool = pool or make_pool(name, min_size=1, max_size=5)
-        self.leader = leader or Leader(conninfo(application_name=f"{name} leader"))
+        # The lock is held by a session: the leader's connection must have one of its own.
+        self.leader = leader or Leader(conninfo(application_name=f"{name} leader", direct=True))
         self.loops: list[Loop] = [
             cls(self.config, self.pool)
             for cls in (RetryEngine, DelayedPromoter, LeaseReaper, WorkerJanitor, Retention)

@@ -1,5 +1,7 @@
 """The dispatcher's two pools: claims commit without waiting for the WAL flush, plan with index
-probes only and once per connection; the writer's passes wait for the flush and plan freely."""
+probes only and once per connection; the writer's passes wait for the flush and plan freely.
+The claim says so for its own transaction only: nothing of it stays with the session, which a
+pooler could hand to another client (valka/poolers.py)."""
 
 import asyncio
 
@@ -29,26 +31,34 @@ def durable_database():
         cur.execute(f'ALTER DATABASE "{name}" RESET synchronous_commit')
 
 
-def test_only_claims_skip_the_flush_wait(durable_database):
-    async def scenario() -> tuple[tuple, tuple]:
+def test_only_claims_skip_the_flush_wait_and_only_for_their_own_transaction(durable_database):
+    task_enqueue_many([{"task_name": "t", "queue": "durable"}])
+    settings = ("SELECT current_setting('synchronous_commit'), current_setting('enable_seqscan'), "
+                "current_setting('enable_hashjoin'), current_setting('enable_mergejoin'), "
+                "current_setting('plan_cache_mode')")
+
+    async def scenario() -> dict:
         node = DispatcherNode(_settings())
         await node.pool.open()
         await node.claim_pool.open()
+        seen = {}
         try:
-            query = ("SELECT current_setting('synchronous_commit'), current_setting('enable_seqscan'), "
-                     "current_setting('enable_hashjoin'), current_setting('enable_mergejoin'), "
-                     "current_setting('plan_cache_mode')")
             async with node.claim_pool.connection() as conn:
-                claims = await (await conn.execute(query)).fetchone()
+                async with conn.transaction():
+                    seen["claimed"] = len(await claim(conn, queue="durable", limit=1, node_id="test-node"))
+                    seen["during"] = (await (await conn.execute("SHOW synchronous_commit")).fetchone())[0]
+                await claim(conn, queue="durable", limit=1, node_id="test-node")  # a claim of nothing, too
+                seen["claims"] = await (await conn.execute(settings)).fetchone()
             async with node.pool.connection() as conn:
-                writes = await (await conn.execute(query)).fetchone()
+                seen["writes"] = await (await conn.execute(settings)).fetchone()
         finally:
             await node.claim_pool.close()
             await node.pool.close()
-        return claims, writes
+        return seen
 
-    assert asyncio.run(scenario()) == (("off", "off", "off", "off", "force_generic_plan"),
-                                       ("on", "off", "on", "on", "auto"))
+    assert asyncio.run(scenario()) == {"claimed": 1, "during": "off",
+                                       "claims": ("on", "off", "off", "off", "force_generic_plan"),
+                                       "writes": ("on", "off", "on", "on", "auto")}
 
 
 def test_a_claim_connection_plans_the_claim_once():
