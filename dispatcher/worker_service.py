@@ -3,6 +3,11 @@
 The handler reads the worker's messages in one task and writes the
 dispatcher's in another (the outbox), so a slow reader never stalls
 assignments and a result is taken as soon as it arrives.
+
+Credentials: the worker token (metadata `authorization: Bearer <token>`) when one is set, and
+with mutual TLS the client certificate, whose common name is the worker's identity: a hello
+may name the worker by it (`w1`), or by it and a suffix (`w1:2`) so that several processes
+share one certificate; an empty `worker_id` becomes the common name; any other id is refused.
 """
 
 from __future__ import annotations
@@ -21,15 +26,34 @@ from valka.v1 import worker_pb2_grpc
 log = logging.getLogger("valka.dispatcher")
 
 
+def certificate_name(context: grpc.aio.ServicerContext) -> str:
+    """The common name of the client certificate the TLS handshake verified, or ""."""
+    names = (context.auth_context() or {}).get("x509_common_name") or ()
+    return names[0].decode(errors="replace") if names else ""
+
+
+def identity_problem(worker_id: str, name: str) -> str | None:
+    """Why a worker whose certificate is named `name` may not say hello as `worker_id`, or None."""
+    if worker_id == name or worker_id.startswith(f"{name}:"):
+        return None
+    return (f"worker id {worker_id!r} does not belong to the client certificate {name!r}: "
+            f"with mutual TLS a worker's id is its certificate's common name, {name!r}, "
+            f"or that name and a suffix ({name + ':1'!r})")
+
+
 class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
-    """Streams of workers that present `worker_token` (when one is set), handed to `handler`."""
+    """Streams of workers that present `worker_token` (when one is set), handed to `handler`.
+
+    With `mutual_tls` (the port requires client certificates), the certificate's common name is
+    the worker's identity: see the module's docstring."""
 
     def __init__(self, handler: SessionHandler, *, worker_token: str, node_id: str,
-                 max_concurrency: int = MAX_CONCURRENCY) -> None:
+                 max_concurrency: int = MAX_CONCURRENCY, mutual_tls: bool = False) -> None:
         self.handler = handler
         self.worker_token = worker_token
         self.node_id = node_id
         self.max_concurrency = max_concurrency
+        self.mutual_tls = mutual_tls
 
     async def Session(self, request_iterator, context: grpc.aio.ServicerContext):  # noqa: N802 (gRPC name)
         token = self.worker_token
@@ -38,6 +62,12 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             if not hmac.compare_digest(sent.encode(), f"Bearer {token}".encode()):
                 await context.abort(grpc.StatusCode.UNAUTHENTICATED, "a valid worker token is required "
                                     "(metadata 'authorization: Bearer <token>')")
+        name = ""
+        if self.mutual_tls:
+            name = certificate_name(context)
+            if not name:  # the handshake verified a certificate, but one without a common name
+                await context.abort(grpc.StatusCode.UNAUTHENTICATED, "the client certificate has no common "
+                                    "name: with mutual TLS it names the worker (CN=<worker id>)")
         if not self.handler.accepting:
             await context.abort(grpc.StatusCode.UNAVAILABLE, "dispatcher is shutting down")
         try:
@@ -50,6 +80,12 @@ class WorkerService(worker_pb2_grpc.WorkerServiceServicer):
             await context.abort(grpc.StatusCode.FAILED_PRECONDITION,
                                 "the first message of a session must be hello")
         hello = first.hello
+        if self.mutual_tls:
+            if not hello.worker_id:
+                hello.worker_id = name
+            elif (problem := identity_problem(hello.worker_id, name)) is not None:
+                log.warning("dispatcher: refused a hello: %s", problem)
+                await context.abort(grpc.StatusCode.PERMISSION_DENIED, problem)
         problem = hello_problem(hello, self.max_concurrency)
         if problem is not None:
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, problem)

@@ -1,7 +1,8 @@
 """A worker process for the end-to-end tests: `python -m tests.e2e.worker_app`.
 
 Configured by environment (VALKA_TEST_SERVER, VALKA_TEST_QUEUES, VALKA_TEST_CONCURRENCY,
-VALKA_TEST_HEARTBEAT, VALKA_TEST_NAME, VALKA_TEST_WORKER_ID, VALKA_TEST_RECONNECT_MAX).
+VALKA_TEST_HEARTBEAT, VALKA_TEST_NAME, VALKA_TEST_WORKER_ID, VALKA_TEST_RECONNECT_MAX; for TLS,
+VALKA_TEST_TLS_CA, the CA's PEM file, and for mutual TLS VALKA_TEST_TLS_CERT and VALKA_TEST_TLS_KEY).
 Handlers do what their input asks, and report what they saw through files under
 `input["mark"]` when given.
 """
@@ -12,9 +13,24 @@ import os
 import time
 from pathlib import Path
 
+import grpc
+
 from valka.sdk import NonRetryableError, Worker
 
 logging.basicConfig(level=logging.WARNING)
+
+
+def tls_credentials() -> grpc.ChannelCredentials | bool:
+    def pem(name: str) -> bytes | None:
+        path = os.environ.get(name)
+        return Path(path).read_bytes() if path else None
+
+    if not os.environ.get("VALKA_TEST_TLS_CA"):
+        return False
+    return grpc.ssl_channel_credentials(root_certificates=pem("VALKA_TEST_TLS_CA"),
+                                        private_key=pem("VALKA_TEST_TLS_KEY"),
+                                        certificate_chain=pem("VALKA_TEST_TLS_CERT"))
+
 
 worker = Worker(
     os.environ["VALKA_TEST_SERVER"],
@@ -26,6 +42,7 @@ worker = Worker(
     token=os.environ.get("VALKA_TEST_TOKEN") or None,
     worker_id=os.environ.get("VALKA_TEST_WORKER_ID") or None,
     reconnect_max_delay=float(os.environ.get("VALKA_TEST_RECONNECT_MAX", "10")),
+    tls=tls_credentials(),
 )
 
 

@@ -12,6 +12,24 @@
 Async handlers run on the event loop; plain functions run in a thread pool.
 A return value (JSON-serialisable) is the output; an exception is a
 retryable failure; `NonRetryableError` fails the task for good.
+
+Credentials and encryption (docs/security.md):
+
+- `token="..."`: the dispatcher's VALKA_WORKER_TOKEN, sent with every session.
+- `tls=True`: TLS, checking the dispatcher's certificate against the system's root
+  certificates (`grpc.ssl_channel_credentials()`).
+- `tls=<grpc.ChannelCredentials>`: TLS with credentials of your own: a private CA, and for
+  mutual TLS the worker's certificate and key, whose common name is the worker's id:
+
+      creds = grpc.ssl_channel_credentials(root_certificates=open("ca.crt", "rb").read(),
+                                           private_key=open("w1.key", "rb").read(),
+                                           certificate_chain=open("w1.crt", "rb").read())
+      worker = Worker("dispatcher.internal:50051", tls=creds, worker_id="w1")
+
+  With mutual TLS the `worker_id` must be the certificate's common name (`w1`) or that name and
+  a suffix (`w1:1`, `w1:2`: several processes sharing one certificate); the dispatcher refuses
+  any other (PERMISSION_DENIED, and `run()` raises).
+- `tls=False` (the default): plaintext, for a dispatcher on the same host or a trusted network.
 """
 
 from __future__ import annotations
@@ -84,9 +102,19 @@ class Worker:
         token: str | None = None,
         metadata: dict[str, Any] | None = None,
         reconnect_max_delay: float = 10.0,
+        tls: bool | grpc.ChannelCredentials = False,
     ) -> None:
         if not queues:
             raise ValueError("a worker needs at least one queue")
+        # The channels' credentials: None for plaintext (see the module's docstring).
+        if tls is True:
+            self._credentials: grpc.ChannelCredentials | None = grpc.ssl_channel_credentials()
+        elif tls is False or tls is None:
+            self._credentials = None
+        elif isinstance(tls, grpc.ChannelCredentials):
+            self._credentials = tls
+        else:
+            raise TypeError(f"tls must be True, False or grpc.ChannelCredentials, not {type(tls).__name__}")
         # Several dispatchers ("host:port,host:port"): a broken stream moves on to the next one.
         self.servers = [s.strip() for s in server.split(",") if s.strip()]
         if not self.servers:
@@ -166,8 +194,8 @@ class Worker:
                 try:
                     await self._session()
                 except grpc.aio.AioRpcError as exc:
-                    if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.INVALID_ARGUMENT,
-                                      grpc.StatusCode.FAILED_PRECONDITION):
+                    if exc.code() in (grpc.StatusCode.UNAUTHENTICATED, grpc.StatusCode.PERMISSION_DENIED,
+                                      grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.FAILED_PRECONDITION):
                         log.error("worker: the dispatcher refused the session: %s", exc.details())
                         raise
                     if exc.code() == grpc.StatusCode.ALREADY_EXISTS:
@@ -197,7 +225,11 @@ class Worker:
 
     async def _session(self) -> None:
         metadata = (("authorization", f"Bearer {self.token}"),) if self.token else None
-        async with grpc.aio.insecure_channel(self.server, options=CHANNEL_OPTIONS) as channel:
+        if self._credentials is None:
+            channel = grpc.aio.insecure_channel(self.server, options=CHANNEL_OPTIONS)
+        else:
+            channel = grpc.aio.secure_channel(self.server, self._credentials, options=CHANNEL_OPTIONS)
+        async with channel:
             stub = worker_pb2_grpc.WorkerServiceStub(channel)
             call = stub.Session(metadata=metadata)
             self._outbox = asyncio.Queue()
