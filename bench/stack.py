@@ -59,7 +59,7 @@ class BenchStack:
         self.workdir = workdir
         self.procs: list[subprocess.Popen] = []
         self.env = dict(os.environ, DATABASE_URL=database_url, PYTHONUNBUFFERED="1", VALKA_LOG_LEVEL="WARNING",
-                        VALKA_API_ANONYMOUS="true")  # a local measurement: no keys on REST or gRPC
+                        VALKA_API_ANONYMOUS="true", VALKA_DEVELOPMENT="true")  # a local measurement: no keys
         self.env.pop("VALKA_DB_POOL", None)  # the processes run with their defaults
 
     def spawn(self, name: str, cmd: list[str], env: dict[str, str] | None = None) -> subprocess.Popen:

@@ -112,7 +112,7 @@ class Stack:
         self.procs: list[subprocess.Popen] = []
         self.env = dict(os.environ, DATABASE_URL=url or database_url(), PYTHONUNBUFFERED="1",
                         VALKA_DISPATCH_POLL_INTERVAL="1", VALKA_LOG_LEVEL="INFO",
-                        VALKA_DB_POOL="false", VALKA_API_ANONYMOUS="true")
+                        VALKA_DB_POOL="false", VALKA_API_ANONYMOUS="true", VALKA_DEVELOPMENT="true")
 
     def _spawn(self, cmd: list[str], name: str, env: dict[str, str]) -> subprocess.Popen:
         log = open(self.tmp / f"{name}.log", "ab")

@@ -22,3 +22,15 @@ class ValkaSettings:
 
 
 valka_settings = ValkaSettings()
+
+
+def refuse_development_key(process: str) -> str | None:
+    """Why `process` (the web app, a dispatcher, a scheduler) must not start, or None.
+
+    With DEBUG off and no SECRET_KEY of its own, a process would run with the public
+    development key and plain-HTTP defaults: fine for the local stack and the tests, which
+    say so (VALKA_DEVELOPMENT), and nowhere else."""
+    if settings.DEBUG or settings.PRODUCTION or settings.VALKA.get("DEVELOPMENT"):
+        return None
+    return (f"{process}: SECRET_KEY is not set: set it (and ALLOWED_HOSTS) to run in production, "
+            "or VALKA_DEVELOPMENT=true for a local stack")

@@ -230,9 +230,10 @@ def _has_c_utf8() -> bool:
 
 
 def exec_with_database(cmd: list[str], temp: bool, directory: str, port: int) -> int:
-    """Run `cmd` with DATABASE_URL pointing at a cluster (unless one is already given)."""
+    """Run `cmd` with DATABASE_URL pointing at a cluster (unless one is already given), as part of
+    a local stack (VALKA_DEVELOPMENT: its servers may run with the development SECRET_KEY)."""
     if os.environ.get("DATABASE_URL"):
-        return subprocess.call(cmd)
+        return subprocess.call(cmd, env=dict(os.environ, VALKA_DEVELOPMENT=os.environ.get("VALKA_DEVELOPMENT", "true")))
     if temp:
         cluster = Cluster(Path(tempfile.mkdtemp(prefix="valka-test-pg-")), free_port(), durable=False)
     else:
@@ -240,6 +241,7 @@ def exec_with_database(cmd: list[str], temp: bool, directory: str, port: int) ->
     try:
         cluster.start()
         env = dict(os.environ, DATABASE_URL=cluster.url, VALKA_DEVDB_DIR=str(cluster.directory))
+        env.setdefault("VALKA_DEVELOPMENT", "true")
         return subprocess.call(cmd, env=env)
     finally:
         if temp:

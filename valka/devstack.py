@@ -4,6 +4,9 @@ Starts (or reuses) the project-local PostgreSQL cluster unless DATABASE_URL
 is set, applies migrations, creates a local admin account (local cluster
 only), then runs the web app and every other process of the stack until
 Ctrl-C.
+
+Everything listens on 127.0.0.1 only: the stack allows anonymous API calls and its dispatcher
+takes workers without a credential, which is fine on loopback and nowhere else.
 """
 
 from __future__ import annotations
@@ -23,9 +26,11 @@ GRPC_PORT = 50051
 ADMIN_USER = "admin"
 ADMIN_PASSWORD = "admin"
 # The local stack is for trying things out: open API, plain HTTP on loopback (even when the
-# shell exported a SECRET_KEY, which turns on the HTTPS-only production defaults).
+# shell exported a SECRET_KEY, which turns on the HTTPS-only production defaults), and the
+# development SECRET_KEY when the shell has none.
 LOCAL_ENV = {
     "VALKA_API_ANONYMOUS": "true",
+    "VALKA_DEVELOPMENT": "true",
     "SESSION_COOKIE_SECURE": "false",
     "CSRF_COOKIE_SECURE": "false",
     "SECURE_SSL_REDIRECT": "false",
@@ -34,7 +39,15 @@ LOCAL_ENV = {
 }
 
 
-def _processes(py: str) -> dict[str, list[str]]:
+def grpc_port(env: dict[str, str]) -> int:
+    """The dispatcher's port: VALKA_GRPC_ADDR's when the shell set one (its host is not used:
+    the local dispatcher listens on 127.0.0.1 only), else 50051."""
+    addr = env.get("VALKA_GRPC_ADDR", "")
+    port = addr.rsplit(":", 1)[-1] if ":" in addr else ""
+    return int(port) if port.isdigit() else GRPC_PORT
+
+
+def _processes(py: str, grpc_port: int = GRPC_PORT) -> dict[str, list[str]]:
     host, port = WEB_ADDR
     procs = {
         "web": [py, "-m", "uvicorn", "valka.asgi:application", "--host", host, "--port", str(port),
@@ -42,7 +55,7 @@ def _processes(py: str) -> dict[str, list[str]]:
     }
     root = Path(__file__).resolve().parent.parent
     if (root / "dispatcher" / "management" / "commands" / "run_dispatcher.py").exists():
-        procs["dispatcher"] = [py, "manage.py", "run_dispatcher"]
+        procs["dispatcher"] = [py, "manage.py", "run_dispatcher", "--addr", f"{host}:{grpc_port}"]
     if (root / "tasks" / "management" / "commands" / "run_scheduler.py").exists():
         procs["scheduler"] = [py, "manage.py", "run_scheduler"]
     if (root / "examples" / "worker.py").exists():
@@ -78,18 +91,19 @@ def main() -> int:
         env["DATABASE_URL"] = cluster.url
     for name, value in LOCAL_ENV.items():
         env.setdefault(name, value)
+    port = grpc_port(env)
+    env.setdefault("VALKA_WORKER_SERVER", f"127.0.0.1:{port}")  # the example workers' dispatcher
     subprocess.run([py, "manage.py", "migrate", "--no-input", "-v", "0"], env=env, check=True)
     if local:
         subprocess.run([py, "manage.py", "ensure_local_admin", ADMIN_USER, ADMIN_PASSWORD], env=env, check=True)
 
     children: dict[str, subprocess.Popen[bytes]] = {}
-    processes = _processes(py)
+    processes = _processes(py, port)
     servers = {name: cmd for name, cmd in processes.items() if "worker" not in name}
     for name, cmd in servers.items():
         children[name] = subprocess.Popen(cmd, env=env)
     # Workers start once the dispatcher answers, so their first connection succeeds.
-    grpc_port = int(env.get("VALKA_GRPC_ADDR", f"0.0.0.0:{GRPC_PORT}").rsplit(":", 1)[1])
-    _wait_listening([WEB_ADDR, ("127.0.0.1", grpc_port)] if "dispatcher" in children else [WEB_ADDR], children)
+    _wait_listening([WEB_ADDR, ("127.0.0.1", port)] if "dispatcher" in children else [WEB_ADDR], children)
     for name, cmd in processes.items():
         if name not in servers:
             children[name] = subprocess.Popen(cmd, env=env)

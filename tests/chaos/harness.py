@@ -109,6 +109,7 @@ class Chaos:
     # -- setup --
     def env(self, **extra: str) -> dict[str, str]:
         return dict(os.environ, DATABASE_URL=self.cluster.url, PYTHONUNBUFFERED="1", VALKA_DB_POOL="false",
+                    VALKA_DEVELOPMENT="true",
                     VALKA_API_ANONYMOUS="true", VALKA_RETRY_BASE_DELAY="0.2", VALKA_RETRY_MAX_DELAY="2",
                     VALKA_REAPER_INTERVAL="1", VALKA_DISPATCHING_TIMEOUT="5", VALKA_WORKER_TIMEOUT="10",
                     VALKA_SCHEDULER_MAX_SLEEP="0.5", VALKA_DISPATCH_POLL_INTERVAL="1", VALKA_LEASE_EXTENSION="10",

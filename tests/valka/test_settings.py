@@ -18,7 +18,7 @@ from tests.helpers import ROOT
 SETTINGS = ["SECURE_SSL_REDIRECT", "SECURE_HSTS_SECONDS", "SECURE_HSTS_INCLUDE_SUBDOMAINS", "SECURE_HSTS_PRELOAD",
             "SESSION_COOKIE_SECURE", "CSRF_COOKIE_SECURE", "DEBUG", "SECRET_KEY", "ALLOWED_HOSTS"]
 INHERITED = [*SETTINGS, "VALKA_API_ANONYMOUS", "VALKA_BEHIND_TLS_PROXY", "DATABASE_URL", "CSRF_TRUSTED_ORIGINS",
-             "VALKA_WORKER_TOKEN"]
+             "VALKA_WORKER_TOKEN", "VALKA_GRPC_TLS_CERT", "VALKA_GRPC_TLS_KEY", "VALKA_GRPC_TLS_CLIENT_CA"]
 
 
 def production_env(**extra: str) -> dict[str, str]:
@@ -27,7 +27,8 @@ def production_env(**extra: str) -> dict[str, str]:
     env.update(SECRET_KEY=secrets.token_urlsafe(50), ALLOWED_HOSTS="valka.example.com",
                DATABASE_URL="postgres://valka:db-password@db.example.com:5432/valka",
                CSRF_TRUSTED_ORIGINS="https://valka.example.com", VALKA_BEHIND_TLS_PROXY="true",
-               VALKA_WORKER_TOKEN=secrets.token_urlsafe(32))
+               VALKA_WORKER_TOKEN=secrets.token_urlsafe(32), VALKA_GRPC_TLS_CERT="/etc/valka/tls/dispatcher.crt",
+               VALKA_GRPC_TLS_KEY="/etc/valka/tls/dispatcher.key")
     env.update(extra)
     return env
 
@@ -121,3 +122,37 @@ def test_https_redirect_hsts_and_the_plain_http_probes(settings):
     assert secure.headers["Strict-Transport-Security"] == "max-age=31536000; includeSubDomains; preload"
     assert secure.headers["X-Content-Type-Options"] == "nosniff"
     assert secure.headers["X-Frame-Options"] == "DENY"
+
+
+@pytest.mark.parametrize("command", ["run_dispatcher", "run_scheduler"])
+def test_a_server_without_a_secret_key_refuses_to_start(command):
+    """With DEBUG off and no SECRET_KEY, a dispatcher or scheduler would run on the public development
+    key: it refuses, in one line, unless the process says it belongs to a local stack."""
+    env = {k: v for k, v in os.environ.items() if k not in (*INHERITED, "VALKA_DEVELOPMENT")}
+    env.update(DATABASE_URL=os.environ.get("DATABASE_URL", "postgres://valka@127.0.0.1:1/valka"))
+    result = manage(command, env=env)
+    assert result.returncode != 0
+    lines = [line for line in (result.stdout + result.stderr).splitlines() if line.strip()]
+    assert lines == [f"CommandError: {command}: SECRET_KEY is not set: set it (and ALLOWED_HOSTS) to run in "
+                     "production, or VALKA_DEVELOPMENT=true for a local stack"]
+
+
+def test_the_web_app_without_a_secret_key_refuses_to_start():
+    env = {k: v for k, v in os.environ.items() if k not in (*INHERITED, "VALKA_DEVELOPMENT")}
+    result = subprocess.run([sys.executable, "-c", "import valka.asgi"], cwd=ROOT, env=env, capture_output=True,
+                            text=True, timeout=60)
+    assert result.returncode == 1
+    assert result.stderr.strip() == ("web: SECRET_KEY is not set: set it (and ALLOWED_HOSTS) to run in production, "
+                                     "or VALKA_DEVELOPMENT=true for a local stack")
+
+
+def test_the_development_key_is_refused_only_outside_a_local_stack(settings):
+    from valka.conf import refuse_development_key
+
+    settings.DEBUG, settings.PRODUCTION = False, False
+    settings.VALKA = {**settings.VALKA, "DEVELOPMENT": False}
+    assert "SECRET_KEY is not set" in refuse_development_key("web")
+    settings.VALKA = {**settings.VALKA, "DEVELOPMENT": True}
+    assert refuse_development_key("web") is None
+    settings.VALKA, settings.PRODUCTION = {**settings.VALKA, "DEVELOPMENT": False}, True
+    assert refuse_development_key("web") is None

@@ -1,8 +1,9 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from dispatcher.server import Dispatcher
 from valka import aio
-from valka.conf import valka_settings
+from valka.conf import refuse_development_key, valka_settings
+from valka.poolers import refuse_pooler
 
 
 class Command(BaseCommand):
@@ -12,7 +13,12 @@ class Command(BaseCommand):
         parser.add_argument("--addr", default=None, help="listen address (default: VALKA_GRPC_ADDR, 0.0.0.0:50051)")
 
     def handle(self, *args, addr=None, **options):
+        if (why := refuse_development_key("run_dispatcher")) is not None:
+            raise CommandError(why)
+
         async def main() -> None:
+            if (why := await refuse_pooler("run_dispatcher")) is not None:
+                raise CommandError(why)
             await Dispatcher(addr or valka_settings.GRPC_ADDR).serve_forever()
 
         aio.run(main())

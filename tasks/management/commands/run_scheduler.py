@@ -1,12 +1,22 @@
-from django.core.management.base import BaseCommand
+from django.core.management.base import BaseCommand, CommandError
 
 from tasks.scheduler.runner import serve
 from valka import aio
+from valka.conf import refuse_development_key
+from valka.poolers import refuse_pooler
 
 
 class Command(BaseCommand):
     help = "Run the scheduler (retries, lease reaper, delayed tasks, janitor, retention) until SIGTERM/SIGINT."
 
     def handle(self, *args, **options):
+        if (why := refuse_development_key("run_scheduler")) is not None:
+            raise CommandError(why)
+
         # The pool, events and signal handlers are created inside the running event loop.
-        aio.run(serve())
+        async def main() -> None:
+            if (why := await refuse_pooler("run_scheduler")) is not None:
+                raise CommandError(why)
+            await serve()
+
+        aio.run(main())

@@ -27,7 +27,8 @@ class SchedulerProcess:
     def __init__(self, name: str, tmp: Path) -> None:
         self.log_path = tmp / f"{name}.log"
         env = dict(os.environ, DATABASE_URL=database_url(), PYTHONUNBUFFERED="1", VALKA_DB_POOL="false",
-                   VALKA_LOG_LEVEL="INFO", VALKA_SCHEDULER_MAX_SLEEP="0.2", VALKA_REAPER_INTERVAL="1")
+                   VALKA_LOG_LEVEL="INFO", VALKA_SCHEDULER_MAX_SLEEP="0.2", VALKA_REAPER_INTERVAL="1",
+                   VALKA_DEVELOPMENT="true")
         with open(self.log_path, "wb") as log:
             self.proc = subprocess.Popen([sys.executable, "manage.py", "run_scheduler"], cwd=ROOT, env=env,
                                          stdout=log, stderr=subprocess.STDOUT)
