@@ -171,6 +171,21 @@ VALKA = {
     "DISPATCH_BUFFER_BYTES": env.int("VALKA_DISPATCH_BUFFER_BYTES", default=32 * 1024 * 1024),
     # The concurrency a worker may ask for in its hello; more is refused (INVALID_ARGUMENT).
     "MAX_WORKER_CONCURRENCY": env.int("VALKA_MAX_WORKER_CONCURRENCY", default=1_000),
+    # TLS on the dispatcher's port: a certificate and its key (PEM files); with a client CA too,
+    # mutual TLS: each worker presents a certificate that CA signed, which identifies it.
+    "GRPC_TLS_CERT": env.str("VALKA_GRPC_TLS_CERT", default=""),
+    "GRPC_TLS_KEY": env.str("VALKA_GRPC_TLS_KEY", default=""),
+    "GRPC_TLS_CLIENT_CA": env.str("VALKA_GRPC_TLS_CLIENT_CA", default=""),
+    # /metrics is computed at most once per this many seconds in each web process.
+    "METRICS_CACHE_SECONDS": env.float("VALKA_METRICS_CACHE_SECONDS", default=10.0),
+    # Event streams and live log tails one web process serves at once; past it, a 503.
+    "MAX_STREAMS": env.int("VALKA_MAX_STREAMS", default=256),
+    # A URL to PostgreSQL itself for the connections that need a session of their own (LISTEN, the
+    # scheduler's leader lock, the dispatcher's pools), when DATABASE_URL goes through a pooler.
+    "DIRECT_DATABASE_URL": env.str("VALKA_DIRECT_DATABASE_URL", default=""),
+    # This process belongs to a local stack (make run, the tests): it may run with the development
+    # SECRET_KEY. Without it (and with DEBUG off), the web app, dispatcher and scheduler refuse to.
+    "DEVELOPMENT": env.bool("VALKA_DEVELOPMENT", default=False),
     "RUN_LOG_MAX_BYTES": env.int("VALKA_RUN_LOG_MAX_BYTES", default=10 * 1024 * 1024),
     # A stopping dispatcher is gone within this many seconds (SIGTERM to exit): it stops claiming,
     # hands its workers' running tasks over to the dispatcher they reconnect to, and writes what it
