@@ -22,7 +22,10 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         drained = drain.drain(database_url(), n=50, rounds=1, timeout=20)
         assert drained["n"] == 50 and len(drained["rounds"]) == 1 and drained["rate_per_s"] > 0
         waited = drain.latency(database_url(), count=5, rate=50)
-        assert waited["samples"] == 5 and 0 < waited["p50_ms"] <= waited["p99_ms"] < 5000
+        # From the call's start a handler cannot have started yet; from its return it can seem to
+        # have, on a busy machine that runs the worker before the enqueuing thread again.
+        assert waited["samples"] == 5 and waited["p50_ms"] <= waited["p99_ms"] < 5000
+        assert 0 < waited["from_call"]["p50_ms"] <= waited["from_call"]["p99_ms"] < 5000
     finally:
         stack.stop_all()
 

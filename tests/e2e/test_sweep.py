@@ -31,7 +31,7 @@ def _cut_listen_connections(stop: threading.Event) -> None:
     with psycopg.connect(database_url(), autocommit=True) as admin:
         while not stop.is_set():
             admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE application_name LIKE 'valka-dispatcher-listen %'")
+                          "WHERE application_name LIKE 'valka-dispatcher-listen %' AND datname = current_database()")
             time.sleep(0.02)
 
 
