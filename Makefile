@@ -7,6 +7,8 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 PYTEST_ARGS ?=
+# Test processes (pytest-xdist): most tests wait on processes and PostgreSQL, so more than the cores.
+PYTEST_WORKERS ?= 3
 
 .PHONY: install run test chaos lint proto clean-db
 
@@ -24,7 +26,7 @@ run: install
 
 test: install
 	scripts/ensure-chromium
-	$(PY) -m valka.devdb exec --temp -- $(PY) -m pytest $(PYTEST_ARGS)
+	$(PY) -m valka.devdb exec --temp -- $(PY) -m pytest -n $(PYTEST_WORKERS) --dist loadgroup $(PYTEST_ARGS)
 
 # The long chaos run: 10,000 tasks while processes are killed and PostgreSQL restarts.
 chaos: install

@@ -18,6 +18,14 @@ from valka.devdb import free_port
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "slow: starts real scheduler processes (a few seconds each)")
+    config.addinivalue_line("markers", "long: takes half a minute or more (outages, chaos, a million rows); runs first")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The long tests go first: `make test` hands the tests out to its workers one
+    by one in this order (pytest-xdist, --dist loadgroup), so each of them starts on a worker of
+    its own at once, and the short tests fill the other workers meanwhile."""
+    items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
 # -- The REST API. --

@@ -8,6 +8,7 @@ import pytest
 from tests.chaos.harness import run_chaos
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_nothing_is_lost_when_everything_breaks():
     before = set(Path(tempfile.gettempdir()).glob("valka-chaos-*"))

@@ -55,6 +55,7 @@ def _outage(cluster: devdb.Cluster, stack: Stack, marks: Path, *, seconds: float
         ("a", "CONNECTED"), ("b", "CONNECTED")], timeout=15, what="both workers connected")
 
 
+@pytest.mark.long
 @pytest.mark.timeout(300)
 def test_a_40_second_outage_with_a_10_second_worker_timeout_runs_nothing_twice(own_cluster, own_stack, tmp_path):
     marks = tmp_path / "marks"
@@ -63,6 +64,7 @@ def test_a_40_second_outage_with_a_10_second_worker_timeout_runs_nothing_twice(o
             env={"VALKA_WORKER_TIMEOUT": "10", "VALKA_LEASE_EXTENSION": "15", "VALKA_REAPER_INTERVAL": "1"})
 
 
+@pytest.mark.long
 @pytest.mark.timeout(400)
 def test_a_2_minute_outage_with_the_default_settings_runs_nothing_twice(own_cluster, own_stack, tmp_path):
     marks = tmp_path / "marks"

@@ -25,6 +25,7 @@ def _rss_mib(pid: int) -> float:
     return 0.0
 
 
+@pytest.mark.long
 @pytest.mark.timeout(400)
 def test_a_minute_without_the_database_under_a_flood_of_logs_keeps_the_dispatcher_bounded(
         own_cluster, own_stack, tmp_path):

@@ -86,6 +86,7 @@ def test_offsets_stop_at_the_cap_and_cursors_are_checked(client_api):
         assert_error(client_api.get(url, {"cursor": "nope"}), 400, "VALIDATION_ERROR", "cursor")
 
 
+@pytest.mark.long
 @pytest.mark.django_db(transaction=True)
 def test_page_ten_thousand_of_a_million_tasks_reads_one_page():
     """The 10,000th page of 50 (row 500,000 of a million), reached by cursor: the plan starts at the
