@@ -12,11 +12,12 @@ PYTEST_WORKERS ?= 3
 
 .PHONY: install run test chaos lint proto clean-db
 
-$(STAMP): pyproject.toml constraints.txt
+$(STAMP): pyproject.toml sdk/pyproject.toml constraints.txt
 	@$(PYTHON) -c 'import sys; sys.exit(0 if sys.version_info >= (3, 13) else "Valka needs Python 3.13 or newer: found " + sys.version.split()[0])'
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev]'
+	@# One call: the server's dependency on valka-sdk is met by ./sdk, with no index lookup for it.
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e './sdk[django]' -e '.[dev]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -39,9 +40,10 @@ clean-db:
 	-$(PY) -m valka.devdb stop
 	rm -rf .valka/pg
 
-# Regenerate the Python code of the valka.v1 protocol (committed; a test checks it is fresh).
+# Regenerate the Python code of the valka.v1 protocol into the SDK (committed; a test checks it is
+# fresh). protoc's imports of `valka.v1` are rewritten to `valka_sdk.v1`: see the script.
 proto: install
-	$(PY) -m grpc_tools.protoc -Iproto --python_out=. --pyi_out=. --grpc_python_out=. proto/valka/v1/*.proto
+	$(PY) scripts/generate_proto.py
 
 # Benchmarks (see README, "Performance"): a private durable PostgreSQL, the stack, the workloads.
 # BENCH_ARGS passes options, e.g. make bench BENCH_ARGS="--n 20000 --workers 2".
@@ -51,7 +53,7 @@ PEERS_VENV := .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed-stamp
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e '.[dev,bench]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e './sdk[django]' -e '.[dev,bench]'
 	@touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

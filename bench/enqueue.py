@@ -108,7 +108,7 @@ def grpc_single(addr: str, count: int, clients: int = 8) -> dict[str, Any]:
     """ApiService/CreateTask from `clients` concurrent callers on one channel."""
     import grpc
 
-    from valka.v1 import api_pb2, api_pb2_grpc
+    from valka_sdk.v1 import api_pb2, api_pb2_grpc
 
     async def main() -> float:
         async with grpc.aio.insecure_channel(addr) as channel:

@@ -16,8 +16,8 @@ import uuid
 
 import grpc
 
-from valka.v1 import worker_pb2 as pb
-from valka.v1 import worker_pb2_grpc
+from valka_sdk.v1 import worker_pb2 as pb
+from valka_sdk.v1 import worker_pb2_grpc
 
 # Without a local subchannel pool, channels to one target share a single TCP connection.
 OPTIONS = [("grpc.use_local_subchannel_pool", 1)]

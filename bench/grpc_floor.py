@@ -23,8 +23,8 @@ import grpc
 from bench.measure import rounds_summary
 from bench.stack import ROOT, wait_for
 from valka.devdb import free_port, listening
-from valka.v1 import worker_pb2 as pb
-from valka.v1 import worker_pb2_grpc
+from valka_sdk.v1 import worker_pb2 as pb
+from valka_sdk.v1 import worker_pb2_grpc
 
 TASK_ID = "0197c5a2-5b1e-7000-8000-000000000001"
 RUN_ID = "0197c5a2-5b1e-7000-8000-000000000002"

@@ -8,7 +8,7 @@ import logging
 import os
 import time
 
-from valka.sdk import Worker
+from valka_sdk import Worker
 
 logging.basicConfig(level=logging.WARNING)
 

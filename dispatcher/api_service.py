@@ -19,7 +19,7 @@ from tasks.models import TaskLog
 from tasks.notify import TASK_EVENT, TASK_LOG
 from valka.conf import valka_settings
 from valka.db import in_thread
-from valka.v1 import api_pb2, api_pb2_grpc
+from valka_sdk.v1 import api_pb2, api_pb2_grpc
 
 
 async def _call(context: grpc.aio.ServicerContext, fn, *args, **kwargs):

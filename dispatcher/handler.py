@@ -22,7 +22,7 @@ from dispatcher.claimer import Claimer
 from dispatcher.session import InFlight, SessionRegistry, WorkerSession
 from dispatcher.writer import Writer
 from tasks.sql import outcomes
-from valka.v1 import worker_pb2 as pb
+from valka_sdk.v1 import worker_pb2 as pb
 
 log = logging.getLogger("valka.dispatcher")
 

@@ -23,9 +23,9 @@ from tasks.errors import ValidationError, ValkaError
 from tasks.models import Task, TaskLog
 from tasks.specs import MAX_NAME, check_json, parse_json_text
 from tasks.states import TaskStatus
-from valka.sdk.worker import INSTANCE_KEY
-from valka.v1 import common_pb2, events_pb2
-from valka.v1 import worker_pb2 as pb
+from valka_sdk.v1 import common_pb2, events_pb2
+from valka_sdk.v1 import worker_pb2 as pb
+from valka_sdk.worker import INSTANCE_KEY
 
 # -- Limits --
 HELLO_TIMEOUT = 30.0  # seconds from the stream's start to its hello

@@ -26,7 +26,7 @@ from dispatcher.node import DispatcherNode
 from dispatcher.protocol import MAX_MESSAGE
 from dispatcher.worker_service import WorkerService
 from valka.conf import valka_settings
-from valka.v1 import api_pb2, api_pb2_grpc, worker_pb2, worker_pb2_grpc
+from valka_sdk.v1 import api_pb2, api_pb2_grpc, worker_pb2, worker_pb2_grpc
 
 log = logging.getLogger("valka.dispatcher")
 

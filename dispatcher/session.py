@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from valka.v1 import worker_pb2 as pb
+from valka_sdk.v1 import worker_pb2 as pb
 
 log = logging.getLogger("valka.dispatcher")
 

@@ -21,7 +21,7 @@ import grpc
 from dispatcher.handler import SessionHandler, WorkerIdTaken
 from dispatcher.protocol import HELLO_TIMEOUT, MAX_CONCURRENCY, hello_problem
 from dispatcher.session import CLOSE, WorkerSession
-from valka.v1 import worker_pb2_grpc
+from valka_sdk.v1 import worker_pb2_grpc
 
 log = logging.getLogger("valka.dispatcher")
 

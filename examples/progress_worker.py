@@ -9,7 +9,7 @@ import asyncio
 import logging
 import os
 
-from valka.sdk import Worker
+from valka_sdk import Worker
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 

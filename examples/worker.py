@@ -8,7 +8,7 @@ import logging
 import os
 import random
 
-from valka.sdk import NonRetryableError, Worker
+from valka_sdk import NonRetryableError, Worker
 
 logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
 

@@ -37,8 +37,8 @@ from tasks.scheduler.base import Loop, SchedulerConfig
 from valka.db import conninfo
 from valka.devdb import free_port, wait_for
 from valka.devdb import listening as _listening
-from valka.v1 import worker_pb2 as pb
-from valka.v1 import worker_pb2_grpc
+from valka_sdk.v1 import worker_pb2 as pb
+from valka_sdk.v1 import worker_pb2_grpc
 
 ROOT = Path(__file__).resolve().parents[1]
 MiB = 1024 * 1024

@@ -28,7 +28,7 @@ from tasks.scheduler.retention import Retention
 from tasks.scheduler.retry import RetryEngine
 from tests.factories import TaskFactory, TaskRunFactory, WorkerFactory
 from tests.helpers import Listener, Raw, db_now, hello, make_config, once, wait_status
-from valka.v1 import worker_pb2 as pb
+from valka_sdk.v1 import worker_pb2 as pb
 
 HOSTILE = [
     "x'; DROP TABLE tasks; --",

@@ -7,7 +7,7 @@ Django code enqueues in process, inside its own transaction if it has one:
 
 `enqueue` and `enqueue_many` are the service layer's `task_enqueue` and
 `task_enqueue_many`; Django is imported on the first call only, so
-`import valka` (and the worker SDK under `valka.sdk`) stays cheap.
+`import valka` stays cheap.
 """
 
 from __future__ import annotations

@@ -12,7 +12,7 @@ import os
 import psycopg
 from psycopg.types.json import Jsonb
 
-from valka.sdk import NonRetryableError, Worker
+from valka_sdk import NonRetryableError, Worker
 
 logging.basicConfig(level=logging.WARNING)
 

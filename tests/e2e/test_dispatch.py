@@ -138,8 +138,8 @@ def test_killed_worker_tasks_are_released_at_once(stack, tmp_path):
 def test_reconnect_with_the_same_worker_id_replaces_the_session(stack):
     import grpc
 
-    from valka.v1 import worker_pb2 as pb
-    from valka.v1 import worker_pb2_grpc
+    from valka_sdk.v1 import worker_pb2 as pb
+    from valka_sdk.v1 import worker_pb2_grpc
 
     _, addr = stack.dispatcher()
     task = services.task_enqueue(task_name="anything", queue="reconnect")

@@ -12,7 +12,7 @@ import httpx
 from tasks import services
 from tasks.models import TaskRun
 from tests.helpers import wait_for, wait_status
-from valka.v1 import api_pb2, api_pb2_grpc, common_pb2
+from valka_sdk.v1 import api_pb2, api_pb2_grpc, common_pb2
 
 
 def _sse_reader(url: str, sink: queue.Queue, stop: threading.Event) -> None:

@@ -17,7 +17,7 @@ import pytest
 
 from tests.helpers import Stack, query, wait_for
 from valka import devdb
-from valka.v1 import api_pb2, api_pb2_grpc
+from valka_sdk.v1 import api_pb2, api_pb2_grpc
 
 
 def _long_tasks(addr: str, count: int, seconds: float, marks: Path, **fields) -> list[str]:

@@ -12,7 +12,7 @@ import grpc
 import pytest
 
 from tests.helpers import MiB, query, wait_for
-from valka.v1 import api_pb2, api_pb2_grpc
+from valka_sdk.v1 import api_pb2, api_pb2_grpc
 
 BOUND_MIB = 250  # the dispatcher's resident memory, all through: about 95 MiB at rest, 190 at most here
 LINES, LINE_BYTES, RUNS = 9_000, 1_000, 32  # about 300 MB of log lines, under each run's 10 MiB

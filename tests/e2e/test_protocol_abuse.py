@@ -18,8 +18,8 @@ from signals.services import signal_send
 from tasks import services
 from tasks.models import Task, TaskLog, TaskRun
 from tests.helpers import MiB, Raw, hello, wait_for, wait_status
-from valka.v1 import api_pb2, api_pb2_grpc, common_pb2
-from valka.v1 import worker_pb2 as pb
+from valka_sdk.v1 import api_pb2, api_pb2_grpc, common_pb2
+from valka_sdk.v1 import worker_pb2 as pb
 
 SESSION = "/valka.v1.WorkerService/Session"
 

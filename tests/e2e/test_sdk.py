@@ -10,7 +10,7 @@ import pytest
 from tasks import services
 from tasks.models import Task, Worker
 from tests.helpers import wait_for, wait_status
-from valka.sdk import AsyncClient, Client, ValkaAPIError
+from valka_sdk import AsyncClient, Client, ValkaAPIError
 
 
 def test_sync_client(stack):

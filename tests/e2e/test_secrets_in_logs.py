@@ -11,7 +11,7 @@ import httpx
 from tasks import services
 from tests.helpers import database_url, wait_for, wait_status
 from valka.devdb import free_port
-from valka.v1 import api_pb2, api_pb2_grpc
+from valka_sdk.v1 import api_pb2, api_pb2_grpc
 
 DB_PASSWORD = "db-pass-Zq81kXv3"
 WORKER_TOKEN = "worker-token-Ny40pLw7"

@@ -108,7 +108,7 @@ def test_worker_killed_before_ack_gets_the_signal_again_on_the_retry(stack, tmp_
 def test_grpc_send_signal(stack, tmp_path):
     import grpc
 
-    from valka.v1 import api_pb2, api_pb2_grpc
+    from valka_sdk.v1 import api_pb2, api_pb2_grpc
 
     _, addr = stack.dispatcher(VALKA_SIGNAL_DELIVERY_WAIT="5")
     stack.worker(addr)

@@ -18,7 +18,7 @@ from tasks import services
 from tasks.models import Worker
 from tests.helpers import ROOT, Feeder, hello, wait_for, wait_status
 from valka.devdb import free_port
-from valka.v1 import worker_pb2_grpc
+from valka_sdk.v1 import worker_pb2_grpc
 
 pytestmark = pytest.mark.skipif(shutil.which("openssl") is None,
                                 reason="the openssl binary is needed to make the test certificates")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import grpc
 
-from valka.sdk import NonRetryableError, Worker
+from valka_sdk import NonRetryableError, Worker
 
 logging.basicConfig(level=logging.WARNING)
 

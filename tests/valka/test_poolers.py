@@ -26,7 +26,7 @@ from tests.pooler import Pooler
 from valka.conf import valka_settings
 from valka.db import conninfo, make_pool
 from valka.poolers import transaction_pooler
-from valka.sdk import Client
+from valka_sdk import Client
 
 pytestmark = pytest.mark.django_db(transaction=True)
 

@@ -1,9 +1,9 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from dispatcher.server import Dispatcher
-from valka import aio
 from valka.conf import refuse_development_key, valka_settings
 from valka.poolers import refuse_pooler
+from valka_sdk import aio
 
 
 class Command(BaseCommand):

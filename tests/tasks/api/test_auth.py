@@ -15,7 +15,7 @@ from rest_framework.test import APIClient
 from tasks.api.auth import api_key_create
 from tasks.models import ApiKey, Task
 from tests.helpers import assert_error
-from valka.v1 import api_pb2, api_pb2_grpc
+from valka_sdk.v1 import api_pb2, api_pb2_grpc
 
 URL = "/api/v1/tasks"
 

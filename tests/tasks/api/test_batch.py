@@ -263,7 +263,7 @@ def test_the_schema_documents_the_batch_endpoint(anon_client):
 @pytest.mark.django_db(transaction=True)
 def test_sdk_clients_create_tasks_against_the_web_app(tmp_path):
     from tests.helpers import Stack
-    from valka.sdk import AsyncClient, Client
+    from valka_sdk import AsyncClient, Client
 
     stack = Stack(tmp_path)
     try:

@@ -17,7 +17,7 @@ from signals.models import Signal
 from tasks.api.auth import api_key_create
 from tasks.models import ApiKey, DeadLetter, Task
 from tests.factories import DeadLetterFactory, SignalFactory, TaskFactory, TaskLogFactory, TaskRunFactory
-from valka.v1 import api_pb2, api_pb2_grpc
+from valka_sdk.v1 import api_pb2, api_pb2_grpc
 
 READ, WRITE, ADMIN = ApiKey.Scope.READ, ApiKey.Scope.WRITE, ApiKey.Scope.ADMIN
 

@@ -10,9 +10,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from valka.sdk.errors import TaskCancelled
-from valka.v1 import common_pb2
-from valka.v1 import worker_pb2 as pb
+from valka_sdk.errors import TaskCancelled
+from valka_sdk.v1 import common_pb2
+from valka_sdk.v1 import worker_pb2 as pb
 
 MAX_LOG_LINE = 64 * 1024  # characters of a line's message, cut beyond; metadata longer is left out
 

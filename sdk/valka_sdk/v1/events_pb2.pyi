@@ -1,4 +1,4 @@
-from valka.v1 import common_pb2 as _common_pb2
+from valka_sdk.v1 import common_pb2 as _common_pb2
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
 from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union

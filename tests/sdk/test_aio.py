@@ -4,7 +4,7 @@ import asyncio
 
 import pytest
 
-from valka import aio
+from valka_sdk import aio
 
 
 async def _loop_module() -> str:

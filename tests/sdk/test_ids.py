@@ -2,7 +2,7 @@
 
 import uuid
 
-from valka.ids import uuid7, uuid7_many, uuid7_text_many
+from valka_sdk.ids import uuid7, uuid7_many, uuid7_text_many
 
 
 def test_ids_as_text_are_canonical_version_7_and_increasing():

@@ -52,11 +52,11 @@ from typing import Any
 
 import grpc
 
-from valka import aio
-from valka.sdk.context import Signal, TaskContext
-from valka.sdk.errors import NonRetryableError, TaskCancelled
-from valka.v1 import worker_pb2 as pb
-from valka.v1 import worker_pb2_grpc
+from valka_sdk import aio
+from valka_sdk.context import Signal, TaskContext
+from valka_sdk.errors import NonRetryableError, TaskCancelled
+from valka_sdk.v1 import worker_pb2 as pb
+from valka_sdk.v1 import worker_pb2_grpc
 
 log = logging.getLogger("valka.worker")
 

@@ -3,9 +3,9 @@
 import grpc
 import warnings
 
-from valka.v1 import api_pb2 as valka_dot_v1_dot_api__pb2
-from valka.v1 import events_pb2 as valka_dot_v1_dot_events__pb2
-from valka.v1 import worker_pb2 as valka_dot_v1_dot_worker__pb2
+from valka_sdk.v1 import api_pb2 as valka_dot_v1_dot_api__pb2
+from valka_sdk.v1 import events_pb2 as valka_dot_v1_dot_events__pb2
+from valka_sdk.v1 import worker_pb2 as valka_dot_v1_dot_worker__pb2
 
 GRPC_GENERATED_VERSION = '1.85.1'
 GRPC_VERSION = grpc.__version__

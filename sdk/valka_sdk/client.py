@@ -12,7 +12,7 @@ from typing import Any
 
 import httpx
 
-from valka.sdk.errors import ValkaAPIError
+from valka_sdk.errors import ValkaAPIError
 
 
 def _task_body(task_name: str, queue: str, input: Any, priority: int | None, max_retries: int | None,

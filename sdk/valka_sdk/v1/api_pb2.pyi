@@ -1,6 +1,6 @@
-from valka.v1 import common_pb2 as _common_pb2
-from valka.v1 import events_pb2 as _events_pb2
-from valka.v1 import worker_pb2 as _worker_pb2
+from valka_sdk.v1 import common_pb2 as _common_pb2
+from valka_sdk.v1 import events_pb2 as _events_pb2
+from valka_sdk.v1 import worker_pb2 as _worker_pb2
 from google.protobuf.internal import containers as _containers
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import message as _message
