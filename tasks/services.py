@@ -40,12 +40,14 @@ def task_enqueue(
     timeout_seconds: int | None = None,
     idempotency_key: str | None = None,
     run_at: Any = None,
+    id: uuid.UUID | str | None = None,
 ) -> Task:
     """Enqueue a task from Django code: the fast, in-process producer path.
 
     Runs inside the caller's transaction when there is one, so the task and
     its NOTIFY commit together with the caller's own rows, or not at all.
-    With an idempotency key that exists, returns the existing task.
+    With an idempotency key or an `id` (made by the caller) that exists,
+    returns the existing task.
     """
     spec = parse_task_spec(
         {
@@ -58,6 +60,7 @@ def task_enqueue(
             "timeout_seconds": timeout_seconds,
             "idempotency_key": idempotency_key,
             "run_at": run_at,
+            "id": id,
         }
     )
     return task_create(spec=spec)[0]
@@ -69,7 +72,7 @@ def task_create_from_data(*, data: Any) -> tuple[Task, bool]:
 
 
 def task_create(*, spec: TaskSpec) -> tuple[Task, bool]:
-    """Insert one task, or find the holder of its idempotency key. Returns (task, created)."""
+    """Insert one task, or find the holder of its id or idempotency key. Returns (task, created)."""
     return _create([spec])[0]
 
 
@@ -118,9 +121,9 @@ def task_create_many_from_data(*, items: Any) -> list[tuple[Task, bool] | ValkaE
 def task_create_many(*, specs: Sequence[TaskSpec]) -> list[tuple[Task, bool]]:
     """Insert up to MAX_BATCH valid specs with one statement; (task, created) for each, in order.
 
-    One multi-row INSERT ... ON CONFLICT DO NOTHING, then one SELECT for the keys
-    that were taken. Items repeating a key of the same batch resolve to the first
-    one's task. The INSERT takes the keys in sorted order, so concurrent batches
+    One multi-row INSERT ... ON CONFLICT DO NOTHING, then one SELECT for the ids and
+    keys that were taken. Items repeating an id or key of the same batch resolve to the
+    first one's task. The INSERT takes the keys in sorted order, so concurrent batches
     that share keys wait for each other instead of deadlocking. A key whose holder
     is deleted between the two statements is inserted again (three tries).
     """
@@ -130,35 +133,50 @@ def task_create_many(*, specs: Sequence[TaskSpec]) -> list[tuple[Task, bool]]:
 
 
 def _create(specs: Sequence[TaskSpec], links: Mapping[str, Any] | None = None) -> list[tuple[Task, bool]]:
-    """Insert `specs`, or find the holders of their idempotency keys: the one insert path, with its
-    retry for keys whose holder is deleted meanwhile. `links` (a replay's origin) go to every row."""
+    """Insert `specs`, or find the holders of their ids (made by the client) and idempotency keys:
+    the one insert path, with its retry for holders deleted meanwhile. A spec whose id exists
+    answers that task; one whose key exists, the key's task (its id, if new, is not used). Later
+    specs of the batch repeating an id or key resolve to the first one's task. `links` (a replay's
+    origin) go to every row."""
     results: list[tuple[Task, bool] | None] = [None] * len(specs)
     pending = list(range(len(specs)))
     for _ in range(3):
-        first_of_key: dict[str, int] = {}
+        seen: set[Any] = set()
         to_insert = []
         for i in pending:
-            key = specs[i].idempotency_key
-            if key is None or key not in first_of_key:
-                if key is not None:
-                    first_of_key[key] = i
+            spec = specs[i]
+            task_id, key = spec.id, spec.idempotency_key
+            if task_id is None and key is None:
+                to_insert.append(i)
+            elif (task_id is None or task_id not in seen) and (key is None or key not in seen):
+                seen.update(name for name in (task_id, key) if name is not None)
                 to_insert.append(i)
         inserted = _insert_rows([specs[i] for i in to_insert], links or {})
-        holders: dict[str, Task] = {}
+        by_id: dict[uuid.UUID, Task] = {}
+        by_key: dict[str, Task] = {}
         for i, task in zip(to_insert, inserted, strict=True):
             if task is not None:
                 results[i] = (task, True)
+                by_id[task.id] = task
                 if task.idempotency_key is not None:
-                    holders[task.idempotency_key] = task
-        taken = [specs[i].idempotency_key for i, task in zip(to_insert, inserted, strict=True) if task is None]
+                    by_key[task.idempotency_key] = task
+        taken = [specs[i] for i, task in zip(to_insert, inserted, strict=True) if task is None]
         if taken:
             # ON CONFLICT waited for each holder to commit, so they are visible now.
-            for task in Task.objects.raw(producer.SELECT_BY_IDEMPOTENCY_KEYS, {"keys": taken}):
-                holders[task.idempotency_key] = task
+            holders = Task.objects.raw(producer.SELECT_HOLDERS, {
+                "ids": [s.id for s in taken if s.id is not None],
+                "keys": [s.idempotency_key for s in taken if s.idempotency_key is not None]})
+            for task in holders:
+                by_id[task.id] = task
+                if task.idempotency_key is not None:
+                    by_key[task.idempotency_key] = task
         still = []
         for i in pending:
             if results[i] is None:
-                holder = holders.get(specs[i].idempotency_key or "")
+                spec = specs[i]
+                holder = by_id.get(spec.id) if spec.id is not None else None  # type: ignore[arg-type]
+                if holder is None and spec.idempotency_key is not None:
+                    holder = by_key.get(spec.idempotency_key)
                 if holder is None:
                     still.append(i)  # the holder was deleted in between: try again
                 else:
@@ -166,7 +184,7 @@ def _create(specs: Sequence[TaskSpec], links: Mapping[str, Any] | None = None) -
         pending = still
         if not pending:
             return [result for result in results if result is not None]
-    raise InvalidState("idempotency keys are being reused concurrently; retry the request")
+    raise InvalidState("ids or idempotency keys are being reused concurrently; retry the request")
 
 
 _TASK_FIELDS = [f.attname for f in Task._meta.concrete_fields]
@@ -185,7 +203,8 @@ def _insert_rows(specs: list[TaskSpec], links: Mapping[str, Any]) -> list[Task |
         return []
     if len(specs) == 1:
         return [_insert_one(specs[0], links)]
-    uuids = uuid7_many(len(specs))
+    made = iter(uuid7_many(sum(1 for s in specs if s.id is None)))
+    uuids = [s.id if s.id is not None else next(made) for s in specs]
     ids = [str(task_id) for task_id in uuids]
     row = fetchone_prepared(producer.INSERT_TASKS, {"tasks": _rows_json(ids, specs, links)})
     assert row is not None  # the statement answers one row, whatever it inserted
@@ -201,7 +220,7 @@ def _insert_rows(specs: list[TaskSpec], links: Mapping[str, Any]) -> list[Task |
 def _insert_one(spec: TaskSpec, links: Mapping[str, Any]) -> Task | None:
     """INSERT_TASK: the new task, or None when its key was taken."""
     params = {
-        "id": uuid7(), "task_name": spec.task_name, "queue": spec.queue, "priority": spec.priority,
+        "id": spec.id or uuid7(), "task_name": spec.task_name, "queue": spec.queue, "priority": spec.priority,
         "max_retries": spec.max_retries, "timeout_seconds": spec.timeout_seconds,
         "idempotency_key": spec.idempotency_key, "input": spec.input_text(), "metadata": spec.metadata_text(),
         "run_at": spec.run_at, "replayed_from_task_id": links.get("replayed_from_task_id"),

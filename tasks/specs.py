@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import re
+import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -49,6 +50,7 @@ class TaskSpec:
     timeout_seconds: int = 300
     idempotency_key: str | None = None
     run_at: datetime | None = None  # None: now
+    id: uuid.UUID | None = None  # made by the client (a repeat answers the task it names); None: by the server
     # `input` and `metadata` as JSON text, kept from validation so the insert does not encode them
     # again; None when the spec was built by hand.
     input_json: str | None = field(default=None, compare=False, repr=False)
@@ -209,6 +211,22 @@ def parse_datetime(name: str, value: Any) -> datetime | None:
         raise ValidationError.field(name, "is out of range (years 1 to 9999 in UTC)") from None
 
 
+def parse_task_id(name: str, value: Any) -> uuid.UUID | None:
+    """A task id a client made: a UUID (version 7 keeps the newest-first order by id), or None."""
+    if value is None:
+        return None
+    if isinstance(value, uuid.UUID):
+        parsed = value
+    elif isinstance(value, str) and len(value) <= 64:
+        try:
+            parsed = uuid.UUID(value)
+        except ValueError:
+            raise ValidationError.field(name, "must be a UUID") from None
+    else:
+        raise ValidationError.field(name, "must be a UUID")
+    return parsed
+
+
 def _queue(data: Mapping[str, Any], name: str) -> str | None:
     if name not in data:
         return None
@@ -250,6 +268,7 @@ def parse_task_spec(data: Any) -> TaskSpec:
     )
     run_at = parse_datetime("run_at", data.get("run_at"))
     scheduled_at = parse_datetime("scheduled_at", data.get("scheduled_at"))
+    task_id = data.get("id")
     return TaskSpec(
         task_name=task_name,
         queue=queue,
@@ -260,6 +279,7 @@ def parse_task_spec(data: Any) -> TaskSpec:
         timeout_seconds=timeout_seconds,
         idempotency_key=idempotency_key,
         run_at=run_at if run_at is not None else scheduled_at,
+        id=None if task_id is None else parse_task_id("id", task_id),
         input_json=input_json,
         metadata_json=metadata_json,
     )

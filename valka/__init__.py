@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from collections.abc import Iterable, Mapping
     from datetime import datetime
+    from uuid import UUID
 
     from tasks.models import Task
 
@@ -34,17 +35,19 @@ def enqueue(
     timeout_seconds: int | None = None,
     idempotency_key: str | None = None,
     run_at: datetime | str | None = None,
+    id: UUID | str | None = None,
 ) -> Task:
     """Enqueue one task; it commits with the caller's transaction, NOTIFY included, or not at all.
 
     Raises `tasks.errors.ValidationError` (or `PayloadTooLarge`) for invalid
-    arguments. With an idempotency key that exists, returns the existing task.
+    arguments. With an idempotency key that exists, or an `id` (a UUID the
+    caller made) that exists, returns the existing task.
     """
     from tasks.services import task_enqueue
 
     return task_enqueue(task_name=task_name, queue=queue, input=input, metadata=metadata, priority=priority,
                         max_retries=max_retries, timeout_seconds=timeout_seconds,
-                        idempotency_key=idempotency_key, run_at=run_at)
+                        idempotency_key=idempotency_key, run_at=run_at, id=id)
 
 
 def enqueue_many(tasks: Iterable[Mapping[str, Any]]) -> list[Task]:

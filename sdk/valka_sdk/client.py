@@ -7,6 +7,7 @@
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 from typing import Any
 
@@ -17,11 +18,12 @@ from valka_sdk.errors import ValkaAPIError
 
 def _task_body(task_name: str, queue: str, input: Any, priority: int | None, max_retries: int | None,
                timeout_seconds: int | None, idempotency_key: str | None, metadata: dict[str, Any] | None,
-               run_at: datetime | str | None) -> dict[str, Any]:
+               run_at: datetime | str | None, id: uuid.UUID | str | None) -> dict[str, Any]:
     body: dict[str, Any] = {"task_name": task_name, "queue": queue, "input": input}
     optional = {"priority": priority, "max_retries": max_retries, "timeout_seconds": timeout_seconds,
                 "idempotency_key": idempotency_key, "metadata": metadata,
-                "run_at": run_at.isoformat() if isinstance(run_at, datetime) else run_at}
+                "run_at": run_at.isoformat() if isinstance(run_at, datetime) else run_at,
+                "id": None if id is None else str(id)}
     body.update({k: v for k, v in optional.items() if v is not None})
     return body
 
@@ -65,9 +67,11 @@ class Client:
     def create_task(self, task_name: str, *, queue: str = "default", input: Any = None, priority: int | None = None,
                     max_retries: int | None = None, timeout_seconds: int | None = None,
                     idempotency_key: str | None = None, metadata: dict[str, Any] | None = None,
-                    run_at: datetime | str | None = None) -> dict[str, Any]:
+                    run_at: datetime | str | None = None, id: uuid.UUID | str | None = None) -> dict[str, Any]:
+        """POST /api/v1/tasks. With an `id` of your own (`valka_sdk.ids.uuid7()`), a repeat of the
+        call answers the task the first one made: safe to retry after a lost answer."""
         body = _task_body(task_name, queue, input, priority, max_retries, timeout_seconds, idempotency_key,
-                          metadata, run_at)
+                          metadata, run_at, id)
         return _answer(self._http.post("/api/v1/tasks", json=body))
 
     def create_tasks(self, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -108,9 +112,10 @@ class AsyncClient:
                           priority: int | None = None, max_retries: int | None = None,
                           timeout_seconds: int | None = None, idempotency_key: str | None = None,
                           metadata: dict[str, Any] | None = None,
-                          run_at: datetime | str | None = None) -> dict[str, Any]:
+                          run_at: datetime | str | None = None,
+                          id: uuid.UUID | str | None = None) -> dict[str, Any]:
         body = _task_body(task_name, queue, input, priority, max_retries, timeout_seconds, idempotency_key,
-                          metadata, run_at)
+                          metadata, run_at, id)
         return _answer(await self._http.post("/api/v1/tasks", json=body))
 
     async def create_tasks(self, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -103,6 +103,10 @@ class TaskCreateSerializer(serializers.Serializer):
     run_at = serializers.DateTimeField(required=False, allow_null=True)
     queue_name = serializers.CharField(required=False, help_text="Alias of queue.")
     scheduled_at = serializers.DateTimeField(required=False, allow_null=True, help_text="Alias of run_at.")
+    id = serializers.UUIDField(required=False, allow_null=True,
+                               help_text="The task's id, made by the client (a UUIDv7 keeps the list's newest-first "
+                                         "order). An id that exists answers that task (200) and creates nothing, so "
+                                         "a retried request makes one task.")
 
 
 class TaskBatchCreateSerializer(serializers.Serializer):

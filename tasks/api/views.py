@@ -72,8 +72,8 @@ class TaskViewSet(viewsets.ViewSet):
     @extend_schema(request=s.TaskBatchCreateSerializer,
                    responses={201: s.TaskBatchResponseSerializer, 200: s.TaskBatchResponseSerializer, **ERRORS},
                    description="Create up to 1,000 tasks with one INSERT. Each task is validated on its own "
-                               "and has its own result, in order: 201 created, 200 its idempotency key "
-                               "existed, or a 4xx with the API's error shape. The answer is 201 when any "
+                               "and has its own result, in order: 201 created, 200 its id or idempotency "
+                               "key existed, or a 4xx with the API's error shape. The answer is 201 when any "
                                "task was created, else 200.")
     @action(detail=False, methods=["post"])
     def batch(self, request: Request) -> Response:

@@ -6,7 +6,7 @@ task only once it is committed, and never of one that was rolled back.
 
 from tasks.notify import TASK_READY
 
-# -- Insert one task; an idempotency key that exists already inserts nothing. --
+# -- Insert one task; an id or an idempotency key that exists already inserts nothing. --
 # `input` and `metadata` arrive as JSON text. Returns what the server set (due and creation
 # times); the caller knows the rest. The NOTIFY wakes dispatchers only when the task is
 # claimable now. A task alone could go through INSERT_TASKS as a batch of one, but this
@@ -20,7 +20,7 @@ WITH ins AS (
             %(timeout_seconds)s, %(idempotency_key)s, %(input)s::jsonb, %(metadata)s::jsonb,
             COALESCE(%(run_at)s, now()), now(), now(), %(replayed_from_task_id)s,
             %(replayed_from_dead_letter_id)s)
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING queue, run_at, created_at
 )
 SELECT ins.run_at, ins.created_at,
@@ -28,7 +28,7 @@ SELECT ins.run_at, ins.created_at,
 FROM ins
 """
 
-# -- Insert a batch of tasks in one statement; keys that exist already insert nothing. --
+# -- Insert a batch of tasks in one statement; ids or keys that exist already insert nothing. --
 # The batch travels as one JSON array of objects (ids made by the caller), unpacked by
 # jsonb_to_recordset: cheaper to send than one array per column, and one statement text for
 # every batch size, so it is prepared once per connection (tasks.prepared). Rows go in key
@@ -50,7 +50,7 @@ WITH ins AS (
               idempotency_key text, input jsonb, metadata jsonb, run_at timestamptz,
               replayed_from_task_id uuid, replayed_from_dead_letter_id uuid)
     ORDER BY i.idempotency_key, i.id
-    ON CONFLICT (idempotency_key) WHERE idempotency_key IS NOT NULL DO NOTHING
+    ON CONFLICT DO NOTHING
     RETURNING id, queue, run_at
 ), notified AS (
     SELECT count(pg_notify('{TASK_READY}', ready.queue)) AS n
@@ -60,5 +60,8 @@ SELECT (SELECT string_agg(id::text, ',') FROM ins) AS ids, now() AS created_at,
        (SELECT n FROM notified) AS notified
 """
 
-# -- The tasks that hold some idempotency keys (after conflicts). --
-SELECT_BY_IDEMPOTENCY_KEYS = "SELECT * FROM tasks WHERE idempotency_key = ANY(%(keys)s::text[])"
+# -- The tasks that hold some ids or idempotency keys (after conflicts). --
+# ON CONFLICT DO NOTHING names no constraint: its arbiters are the primary key (ids that clients
+# made, `POST /api/v1/tasks` with an `id`) and the partial unique index on the key. Ids the server
+# makes never conflict.
+SELECT_HOLDERS = "SELECT * FROM tasks WHERE id = ANY(%(ids)s::uuid[]) OR idempotency_key = ANY(%(keys)s::text[])"

@@ -11,12 +11,16 @@ from tasks import services
 from tasks.models import DeadLetter, Task
 from tests.factories import TaskFactory
 from tests.helpers import database_url
+from valka_sdk.ids import uuid7
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
 
-def test_idempotency_under_concurrent_requests(api_key):
-    """Many requests race with one key: one task exists, everyone gets its id, one got 201."""
+@pytest.mark.parametrize("name", ["idempotency_key", "id"])
+def test_idempotency_under_concurrent_requests(api_key, name):
+    """Many requests race with one key, or one id the client made: one task exists, everyone
+    gets its id, one got 201."""
+    value = "invoice-42" if name == "idempotency_key" else str(uuid7())
     results, errors = [], []
     barrier = threading.Barrier(12)
 
@@ -25,8 +29,8 @@ def test_idempotency_under_concurrent_requests(api_key):
         client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key}")
         barrier.wait()
         try:
-            r = client.post("/api/v1/tasks", {"task_name": "charge", "queue": "billing",
-                                              "idempotency_key": "invoice-42"}, format="json")
+            r = client.post("/api/v1/tasks", {"task_name": "charge", "queue": "billing", name: value},
+                            format="json")
             results.append((r.status_code, r.json()["id"]))
         except Exception as exc:  # surfaced by the assertion below
             errors.append(exc)
@@ -42,7 +46,7 @@ def test_idempotency_under_concurrent_requests(api_key):
     assert len(results) == 12
     assert len({task_id for _, task_id in results}) == 1
     assert sorted(code for code, _ in results) == [200] * 11 + [201]
-    assert Task.objects.filter(idempotency_key="invoice-42").count() == 1
+    assert Task.objects.filter(**{name: value}).count() == 1
 
 
 def _listen(channel):

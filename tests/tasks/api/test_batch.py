@@ -15,6 +15,7 @@ from tasks.errors import ValidationError
 from tasks.models import Task
 from tasks.specs import parse_task_spec
 from tests.helpers import database_url
+from valka_sdk.ids import uuid7
 
 URL = "/api/v1/tasks/batch"
 
@@ -114,6 +115,27 @@ def test_idempotency_within_a_batch(client_api):
     assert results[2]["task"]["input"] == 1, "the first item with a key wins"
     assert Task.objects.filter(idempotency_key="k1").count() == 1
     assert Task.objects.count() == 3
+
+
+@pytest.mark.django_db
+def test_client_made_ids_in_a_batch(client_api):
+    taken = services.task_enqueue(task_name="t", queue="q", id=uuid7())
+    ids = [str(uuid7()) for _ in range(3)]
+    items = [{"id": ids[0], "task_name": "t", "queue": "q", "input": 1},
+             {"id": ids[1], "task_name": "t", "queue": "q"},
+             {"id": ids[0], "task_name": "t", "queue": "q", "input": 2},
+             {"id": str(taken.id), "task_name": "t", "queue": "q"},
+             {"id": ids[2], "task_name": "t", "queue": "q", "idempotency_key": "k"},
+             {"id": "nope", "task_name": "t", "queue": "q"},
+             {"task_name": "t", "queue": "q"}]
+    results = post(client_api, items).json()["results"]
+    assert [x["status"] for x in results] == [201, 201, 200, 200, 201, 400, 201]
+    assert [x["task"]["id"] for x in results[:5]] == [ids[0], ids[1], ids[0], str(taken.id), ids[2]]
+    assert results[2]["task"]["input"] == 1, "the first item with an id wins"
+    assert "id" in results[5]["error"]["details"]
+    again = post(client_api, items[:2]).json()["results"]
+    assert [(x["status"], x["task"]["id"]) for x in again] == [(200, ids[0]), (200, ids[1])]
+    assert Task.objects.count() == 5
 
 
 @pytest.mark.django_db

@@ -8,6 +8,7 @@ import pytest
 from tasks.models import Task
 from tests.factories import TaskFactory, TaskLogFactory, TaskRunFactory
 from tests.helpers import assert_error
+from valka_sdk.ids import uuid7
 
 pytestmark = pytest.mark.django_db
 
@@ -107,6 +108,21 @@ def test_idempotency_key_returns_the_existing_task(client_api):
     assert first.status_code == 201 and again.status_code == 200
     assert again.json()["id"] == first.json()["id"] and again.json()["task_name"] == "t"
     assert Task.objects.count() == 1
+
+
+def test_a_client_made_id_names_the_task_and_a_repeat_answers_it(client_api):
+    task_id = str(uuid7())
+    first = create(client_api, id=task_id, task_name="t", queue="q", input={"n": 1})
+    assert (first.status_code, first.json()["id"]) == (201, task_id)
+    again = create(client_api, id=task_id, task_name="t", queue="q", input={"n": 1})
+    assert (again.status_code, again.json()["id"], again.json()["input"]) == (200, task_id, {"n": 1})
+    other = create(client_api, id=str(uuid7()), task_name="t", queue="q", idempotency_key="k")
+    keyed = create(client_api, id=str(uuid7()), task_name="t", queue="q", idempotency_key="k")
+    assert keyed.status_code == 200 and keyed.json()["id"] == other.json()["id"], "an existing key wins"
+    assert Task.objects.count() == 2
+    for bad in ("not-a-uuid", 12, "x" * 100):
+        assert_error(create(client_api, id=bad, task_name="t", queue="q"), 400, "VALIDATION_ERROR", "id")
+    assert Task.objects.count() == 2
 
 
 def test_get_list_filters_and_pagination(client_api):
