@@ -11,7 +11,20 @@
 
 Async handlers run on the event loop; plain functions run in a thread pool.
 A return value (JSON-serialisable) is the output; an exception is a
-retryable failure; `NonRetryableError` fails the task for good.
+retryable failure; `NonRetryableError` fails the task for good. A failure's
+`error_message` carries the exception's class path and traceback after its
+summary line (`valka_sdk.errors`).
+
+A task name with no registered handler is handed to `resolve` when given
+(`Worker(resolve=fn)`): `fn(task_name)` returns a handler, kept for the name from
+then on, or None; with no handler, or when `fn` raises, the task fails for good.
+The Django worker (`valka_sdk.django`) resolves dotted paths to `@task` functions so.
+
+`capture_logging=True` sends what Python's `logging` says inside a handler (through
+the root logger) to the run's log too. `interrupt_sync_handlers=True` raises
+`TaskCancelled` inside a plain function's thread when its task is cancelled (at its
+next Python instruction: a blocking call finishes first); otherwise sync handlers
+check `ctx.cancelled`.
 
 Credentials and encryption (docs/security.md):
 
@@ -35,6 +48,8 @@ Credentials and encryption (docs/security.md):
 from __future__ import annotations
 
 import asyncio
+import contextvars
+import ctypes
 import inspect
 import json
 import logging
@@ -42,6 +57,7 @@ import os
 import random
 import signal as signal_module
 import socket
+import threading
 import time
 import uuid
 from collections import deque
@@ -54,19 +70,20 @@ import grpc
 
 from valka_sdk import aio
 from valka_sdk.context import Signal, TaskContext
-from valka_sdk.errors import NonRetryableError, TaskCancelled
+from valka_sdk.errors import MAX_ERROR, NonRetryableError, TaskCancelled, format_failure
 from valka_sdk.v1 import worker_pb2 as pb
 from valka_sdk.v1 import worker_pb2_grpc
 
 log = logging.getLogger("valka.worker")
 
 Handler = Callable[[TaskContext], Any]
+Resolver = Callable[[str], Handler | None]
 SignalHook = Callable[[TaskContext, Signal], Any]
 
 MAX_MESSAGE = 16 * 1024 * 1024  # bytes of one gRPC message, the dispatcher's limit: a bigger one ends the stream
 # What one message may carry, so that none is ever over MAX_MESSAGE (the dispatcher applies the same limits):
 MAX_OUTPUT = 15 * 1024 * 1024  # bytes of a task's output (JSON); a bigger one fails the run
-MAX_ERROR = 64 * 1024  # characters of an error message; longer ones are cut
+# MAX_ERROR (valka_sdk.errors): characters of an error message; longer ones are cut
 LOG_BATCH_BYTES = 1024 * 1024  # a log batch is sent once it holds this much (or 500 lines)
 LOG_BATCH_LINES = 500
 INSTANCE_KEY = "valka.instance"  # the hello metadata's key for Worker.instance_id
@@ -80,12 +97,42 @@ CHANNEL_OPTIONS = [
 ]
 
 
+# The run whose handler is executing, for `capture_logging`: set in each run's asyncio task, and
+# carried into the handler's thread.
+_current_run: contextvars.ContextVar[TaskContext] = contextvars.ContextVar("valka_current_run")
+
+
+class _Refusal(NonRetryableError):
+    """A failure the worker itself finds (no handler, an output it cannot send): its message alone
+    says it all, with no traceback."""
+
+
 @dataclass(eq=False)
 class _Running:
     ctx: TaskContext
     task: asyncio.Task
     run_id: str
     signal_hooks: list[asyncio.Task] = field(default_factory=list)
+    # The thread running a sync handler, while it runs (for interrupt_sync_handlers).
+    thread: int | None = None
+    interrupted: bool = False
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class _RunLogHandler(logging.Handler):
+    """Python logging inside a handler, copied to its run's log (`Worker(capture_logging=True)`)."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        ctx = _current_run.get(None)
+        if ctx is None or record.name.startswith(("valka.worker", "valka_sdk")):
+            return
+        try:
+            message = record.getMessage()
+            if record.exc_info:
+                message += "\n" + logging.Formatter().formatException(record.exc_info)
+            ctx.log(message, _level(record.levelno), logger=record.name)
+        except Exception:
+            self.handleError(record)
 
 
 class Worker:
@@ -103,6 +150,9 @@ class Worker:
         metadata: dict[str, Any] | None = None,
         reconnect_max_delay: float = 10.0,
         tls: bool | grpc.ChannelCredentials = False,
+        resolve: Resolver | None = None,
+        capture_logging: bool = False,
+        interrupt_sync_handlers: bool = False,
     ) -> None:
         if not queues:
             raise ValueError("a worker needs at least one queue")
@@ -137,6 +187,9 @@ class Worker:
         self.reconnect_max_delay = reconnect_max_delay
         self._handlers: dict[str, Handler] = {}
         self._is_async: dict[str, bool] = {}
+        self._resolve = resolve
+        self.capture_logging = capture_logging
+        self.interrupt_sync_handlers = interrupt_sync_handlers
         self._signal_hook: SignalHook | None = None
         self._running: dict[str, _Running] = {}
         self._outbox: asyncio.Queue[pb.WorkerRequest] | None = None
@@ -187,6 +240,9 @@ class Worker:
         if install_signal_handlers:
             for sig in (signal_module.SIGTERM, signal_module.SIGINT):
                 self._loop.add_signal_handler(sig, self._stopping.set)
+        log_handler = _RunLogHandler() if self.capture_logging else None
+        if log_handler is not None:
+            logging.getLogger().addHandler(log_handler)
         delay = 0.2
         try:
             while not self._stopping.is_set():
@@ -222,6 +278,8 @@ class Worker:
         finally:
             await self._cancel_all("worker stopped")
             self._executor.shutdown(wait=False, cancel_futures=True)
+            if log_handler is not None:
+                logging.getLogger().removeHandler(log_handler)
 
     async def _session(self) -> None:
         metadata = (("authorization", f"Bearer {self.token}"),) if self.token else None
@@ -367,23 +425,14 @@ class Worker:
         self._running[assignment.task_id] = _Running(ctx=ctx, task=task, run_id=assignment.task_run_id)
 
     async def _execute(self, ctx: TaskContext) -> None:
-        handler = self._handlers.get(ctx.task_name)
+        """One run, from its assignment to its result: it starts here, and ends when the result is
+        handed to the stream (a run stopped because the worker is going away sends none)."""
+        _current_run.set(ctx)  # this run's asyncio task only
         result = pb.TaskResult(task_id=ctx.task_id, task_run_id=ctx.run_id)
         try:
-            if handler is None:
-                raise NonRetryableError(f"no handler registered for task {ctx.task_name!r} on worker {self.name}")
-            if self._is_async.get(ctx.task_name, False):
-                output = await handler(ctx)
-            else:
-                assert self._loop is not None
-                output = await self._loop.run_in_executor(self._executor, handler, ctx)
-                if inspect.isawaitable(output):
-                    output = await output
-            text = "" if output is None else json.dumps(output)
-            if len(text) > MAX_OUTPUT // 4 and (size := len(text.encode())) > MAX_OUTPUT:
-                raise NonRetryableError(f"output too large: {size} bytes, limit {MAX_OUTPUT}")
+            output = await self._call(self._handler_for(ctx.task_name), ctx)
+            result.output = _output_text(output)
             result.success = True
-            result.output = text
         except asyncio.CancelledError:
             if not ctx.cancelled_by_server:
                 # The worker is going away: no result; the dispatcher releases the task for a retry.
@@ -394,21 +443,70 @@ class Worker:
         except TaskCancelled as exc:
             result.success, result.retryable = False, False
             result.error_message = f"cancelled: {exc}"
+        except _Refusal as exc:
+            result.success, result.retryable = False, False
+            result.error_message = format_failure(str(exc))
         except NonRetryableError as exc:
             result.success, result.retryable = False, False
-            result.error_message = str(exc) or type(exc).__name__
+            result.error_message = format_failure(str(exc) or type(exc).__name__, exc)
         except Exception as exc:
             result.success, result.retryable = False, True
-            result.error_message = f"{type(exc).__name__}: {exc}"
+            result.error_message = format_failure(f"{type(exc).__name__}: {exc}", exc)
         finally:
             entry = self._running.pop(ctx.task_id, None)
             if entry is not None:
                 for hook in entry.signal_hooks:
                     hook.cancel()
         result.error_message = result.error_message[:MAX_ERROR]
+        await self._finish(result)
+
+    async def _finish(self, result: pb.TaskResult) -> None:
+        """The run's end: its log lines, then its result, to the stream (or held for the next one)."""
         if self._logs:  # the run's lines reach the server before its result
             await self._flush_now()
         self._send(pb.WorkerRequest(task_result=result))
+
+    def _handler_for(self, task_name: str) -> Handler:
+        """The registered handler of `task_name`, or the resolver's (kept from then on)."""
+        handler = self._handlers.get(task_name)
+        if handler is None and self._resolve is not None:
+            try:
+                handler = self._resolve(task_name)
+            except NonRetryableError:
+                raise
+            except Exception as exc:
+                raise NonRetryableError(f"cannot resolve task {task_name!r}: {type(exc).__name__}: {exc}") from exc
+            if handler is not None:
+                self.register(task_name, handler)
+        if handler is None:
+            raise _Refusal(f"no handler registered for task {task_name!r} on worker {self.name}")
+        return handler
+
+    async def _call(self, handler: Handler, ctx: TaskContext) -> Any:
+        """Run the handler: an async one on the loop, a plain one in the thread pool."""
+        if self._is_async[ctx.task_name]:
+            return await handler(ctx)
+        assert self._loop is not None
+        entry = self._running.get(ctx.task_id)
+        output = await self._loop.run_in_executor(self._executor, contextvars.copy_context().run,
+                                                  self._in_thread, handler, ctx, entry)
+        if inspect.isawaitable(output):
+            output = await output
+        return output
+
+    def _in_thread(self, handler: Handler, ctx: TaskContext, entry: _Running | None) -> Any:
+        """A sync handler in its thread, which `_cancel` may interrupt while (and only while) it runs."""
+        if entry is None or not self.interrupt_sync_handlers:
+            return handler(ctx)
+        with entry.lock:
+            entry.thread = threading.get_ident()
+        try:
+            return handler(ctx)
+        finally:
+            with entry.lock:
+                entry.thread = None
+                if entry.interrupted:  # a TaskCancelled still pending must not land in the pool's code
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(threading.get_ident()), None)
 
     def _cancel(self, task_id: str, reason: str) -> None:
         entry = self._running.get(task_id)
@@ -416,6 +514,12 @@ class Worker:
             return
         entry.ctx._cancel(reason or "cancelled", by_server=True)
         entry.task.cancel()  # async handlers stop at their next await; sync ones see ctx.cancelled
+        if self.interrupt_sync_handlers:
+            with entry.lock:
+                if entry.thread is not None and not entry.interrupted:
+                    entry.interrupted = True
+                    ctypes.pythonapi.PyThreadState_SetAsyncExc(ctypes.c_ulong(entry.thread),
+                                                               ctypes.py_object(TaskCancelled))
 
     async def _cancel_all(self, reason: str) -> None:
         entries = list(self._running.values())
@@ -463,3 +567,25 @@ class Worker:
                 self._send(request)
             else:
                 self._loop.call_soon_threadsafe(self._send, request)
+
+
+def _level(levelno: int) -> str:
+    """A Python logging level as a run log's level."""
+    if levelno >= logging.ERROR:
+        return "ERROR"
+    if levelno >= logging.WARNING:
+        return "WARN"
+    return "INFO" if levelno >= logging.INFO else "DEBUG"
+
+
+def _output_text(output: Any) -> str:
+    """A handler's return value as the run's output (JSON text), or a refusal naming what is wrong."""
+    if output is None:
+        return ""
+    try:
+        text = json.dumps(output, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise _Refusal(f"the handler's return value is not JSON: {exc}") from None
+    if len(text) > MAX_OUTPUT // 4 and (size := len(text.encode())) > MAX_OUTPUT:
+        raise _Refusal(f"output too large: {size} bytes, limit {MAX_OUTPUT}")
+    return text

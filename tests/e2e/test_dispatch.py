@@ -10,6 +10,7 @@ import pytest
 from tasks import services
 from tasks.models import DeadLetter, Task, TaskLog, TaskRun
 from tests.helpers import Feeder, has_scheduler, wait_for, wait_status
+from valka_sdk.errors import parse_failure
 
 FINAL = {"COMPLETED", "FAILED", "DEAD_LETTER", "CANCELLED"}
 
@@ -47,9 +48,13 @@ def test_non_retryable_and_unknown_task_fail_for_good(stack):
     stack.worker(addr)
     fatal = services.task_enqueue(task_name="fatal", queue="default")
     unknown = services.task_enqueue(task_name="no_such_handler", queue="default")
-    assert wait_status(fatal.id, "FAILED").error_message == "not worth retrying"
+    fatal_error = parse_failure(wait_status(fatal.id, "FAILED").error_message)
+    assert fatal_error.summary == "not worth retrying"
+    assert fatal_error.exception_class_path == "valka_sdk.errors.NonRetryableError"
+    assert 'worker_app.py", line' in fatal_error.traceback and "in fatal" in fatal_error.traceback
     failed = wait_status(unknown.id, "FAILED")
-    assert "no handler registered for task 'no_such_handler'" in failed.error_message
+    assert failed.error_message.startswith("no handler registered for task 'no_such_handler'")
+    assert parse_failure(failed.error_message).traceback is None, "the worker's own refusal needs no traceback"
     assert failed.attempt_count == 1 and TaskRun.objects.get(task_id=unknown.id).status == "FAILED"
 
 
@@ -62,11 +67,13 @@ def test_retryable_failure_waits_with_backoff_then_dead_letters(stack):
     # First backoff: 30 s ± 25%.
     delay = (t.run_at - t.updated_at).total_seconds()
     assert 22 <= delay <= 38, delay
-    assert t.error_message == "RuntimeError: always fails"
+    assert parse_failure(t.error_message).summary == "RuntimeError: always fails"
+    assert parse_failure(t.error_message).exception_class_path == "builtins.RuntimeError"
     dead = wait_status(no_retries.id, "DEAD_LETTER")
     assert dead.attempt_count == 1 and dead.finished_at
+    assert parse_failure(dead.error_message).summary == "RuntimeError: always fails"
     letter = DeadLetter.objects.get(task_id=no_retries.id)
-    assert letter.error_message == "RuntimeError: always fails" and letter.attempt_count == 1
+    assert letter.error_message == dead.error_message and letter.attempt_count == 1
 
 
 def test_priority_order_and_run_at(stack, tmp_path):
@@ -175,6 +182,6 @@ def test_retry_then_success_with_the_scheduler(stack, tmp_path):
     assert done.output == {"succeeded_on": 3} and done.attempt_count == 3
     runs = list(TaskRun.objects.filter(task_id=task.id).order_by("attempt_number"))
     assert [(r.attempt_number, r.status) for r in runs] == [(1, "FAILED"), (2, "FAILED"), (3, "COMPLETED")]
-    assert runs[0].error_message == "RuntimeError: failing attempt 1"
+    assert parse_failure(runs[0].error_message).summary == "RuntimeError: failing attempt 1"
     # The second attempt waited for its backoff (0.2 s ± 25%) after the first one failed.
     assert (runs[1].started_at - runs[0].finished_at).total_seconds() >= 0.15
