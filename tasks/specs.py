@@ -19,17 +19,16 @@ import orjson
 
 from tasks.errors import PayloadTooLarge, ValidationError
 from valka.conf import valka_settings
+from valka_sdk.limits import MAX_NAME as MAX_NAME
+from valka_sdk.limits import MAX_RETRIES_LIMIT as MAX_RETRIES_LIMIT
+from valka_sdk.limits import QUEUE_PATTERN as QUEUE_PATTERN
+from valka_sdk.limits import QUEUE_RE as QUEUE_RE
+from valka_sdk.limits import QUEUE_RULE as QUEUE_RULE
+from valka_sdk.limits import TIMEOUT_RANGE as TIMEOUT_RANGE
 
-# Every name the queue stores (task, queue, idempotency key, worker id and name, signal type) is
-# at most MAX_NAME characters; a queue name also follows QUEUE_PATTERN. The models, the API's
-# schema and the dispatcher's hello check import these.
-MAX_NAME = 255
-QUEUE_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.:\-]*$"
-QUEUE_RE = re.compile(QUEUE_PATTERN)
-QUEUE_RULE = "may contain only letters, digits, '_', '-', '.', ':' and must start with a letter or digit"
+# The names' and numbers' rules (valka_sdk.limits, so that clients check them before sending);
+# the models, the API's schema and the dispatcher's hello check import them from here.
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
-MAX_RETRIES_LIMIT = 1000
-TIMEOUT_RANGE = (1, 86400)
 # A \u0000 escape in JSON text (json.dumps writes NUL so), not a backslash-u that is itself escaped.
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # Deeper JSON is refused: PostgreSQL, psycopg and the JSON renderer all recurse per level.

@@ -6,7 +6,8 @@ Django code enqueues in process, inside its own transaction if it has one:
     enqueue("send_email", queue="emails", input={"to": "ada@example.com"})
 
 `enqueue` and `enqueue_many` are the service layer's `task_enqueue` and
-`task_enqueue_many`; Django is imported on the first call only, so
+`task_enqueue_many`, `get_task` and `list_task_runs` the REST API's reads (the Django task
+backend's in-process mode uses all four); Django is imported on the first call only, so
 `import valka` stays cheap.
 """
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
 
     from tasks.models import Task
 
-__all__ = ["enqueue", "enqueue_many"]
+__all__ = ["enqueue", "enqueue_many", "get_task", "list_task_runs"]
 
 
 def enqueue(
@@ -61,3 +62,19 @@ def enqueue_many(tasks: Iterable[Mapping[str, Any]]) -> list[Task]:
     return task_enqueue_many(
         item if "queue" in item or "queue_name" in item else {**item, "queue": "default"} for item in tasks
     )
+
+
+def get_task(task_id: UUID | str) -> dict[str, Any]:
+    """The task as `GET /api/v1/tasks/{id}` answers it. Raises `tasks.errors.NotFound`."""
+    from tasks import selectors
+    from tasks.api.serializers import task_data
+
+    return task_data(selectors.task_get(task_id=task_id))
+
+
+def list_task_runs(task_id: UUID | str) -> list[dict[str, Any]]:
+    """The task's runs, by attempt, as `GET /api/v1/tasks/{id}/runs` answers them. Raises `tasks.errors.NotFound`."""
+    from tasks import selectors
+    from tasks.api.serializers import TaskRunSerializer
+
+    return list(TaskRunSerializer(selectors.task_runs(task_id=task_id), many=True).data)

@@ -207,6 +207,10 @@ VALKA = {
 # limit is raised to match; the API answers oversized fields with 413 itself.
 DATA_UPLOAD_MAX_MEMORY_SIZE = VALKA["MAX_PAYLOAD_BYTES"] * 2 + 64 * 1024
 
+# Django's task API on Valka, in process: `@task` functions of this project enqueue through
+# `valka.enqueue`, in the caller's transaction (valka_sdk.django; no URL: in process). Any queue.
+TASKS = {"default": {"BACKEND": "valka_sdk.django.ValkaBackend", "QUEUES": []}}
+
 LOGGING = {
     "version": 1,
     "disable_existing_loggers": False,

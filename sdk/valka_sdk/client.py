@@ -86,6 +86,17 @@ class Client:
         params = _clean({"queue": queue, "status": status, "task_name": task_name, "limit": limit, "offset": offset})
         return _answer(self._http.get("/api/v1/tasks", params=params))
 
+    def list_task_runs(self, task_id: str) -> list[dict[str, Any]]:
+        """Every run of the task, by attempt (all pages of `GET /api/v1/tasks/{id}/runs`)."""
+        runs: list[dict[str, Any]] = []
+        params: dict[str, Any] = {"limit": 1000}
+        while True:
+            page = _answer(self._http.get(f"/api/v1/tasks/{task_id}/runs", params=params))
+            runs.extend(page["results"])
+            if not page.get("has_more") or not page.get("next_cursor"):
+                return runs
+            params = {"limit": 1000, "cursor": page["next_cursor"]}
+
     def cancel_task(self, task_id: str) -> dict[str, Any]:
         return _answer(self._http.post(f"/api/v1/tasks/{task_id}/cancel"))
 

@@ -49,6 +49,19 @@ class ValkaAPIError(Exception):
         self.details = details or {}
 
 
+class ValkaUnavailable(ConnectionError):
+    """Valka's API could not be reached (after the tries a caller allowed); the message names its URL."""
+
+
+class RunFailed(Exception):
+    """Stands for a failed run whose `error_message` names no exception class (another SDK's, or one
+    the server wrote), where a class path is wanted (Django's `TaskError`)."""
+
+
+class RunLost(RunFailed):
+    """Stands for a run the server closed LOST: its lease expired, or its worker went away."""
+
+
 @dataclass(frozen=True)
 class Failure:
     """A run's `error_message`, read: the summary, and the exception's class path and traceback
