@@ -152,6 +152,13 @@ class Stack:
             "VALKA_TEST_HEARTBEAT": str(heartbeat), **env,
         })
 
+    def django_worker(self, *args: str, name: str = "django", **env: str) -> subprocess.Popen:
+        """`manage.py valka_worker` of the test Django project (tests/django_project), with `args`;
+        `env` gives it VALKA_URL, VALKA_DISPATCHER, SHOP_DB and SHOP_MARKS."""
+        return self._spawn([sys.executable, "-m", "django", "valka_worker", "--name", name, *args],
+                           f"django-worker-{name}",
+                           {**self.env, "DJANGO_SETTINGS_MODULE": "tests.django_project.settings", **env})
+
     def stop_all(self) -> None:
         for proc in self.procs:
             if proc.poll() is None:
