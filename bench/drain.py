@@ -54,7 +54,7 @@ def _completed_counter(queue: str) -> int:
 
 
 def drain(database_url: str, *, n: int, rounds: int, queue: str = DRAIN_QUEUE, label: str = "drain",
-          timeout: float | None = None) -> dict[str, Any]:
+          timeout: float | None = None, task_name: str = "noop") -> dict[str, Any]:
     """Median over `rounds` of n / (last finished_at − commit time)."""
     rates = []
     timeout = timeout or max(120.0, n / 50)
@@ -62,7 +62,7 @@ def drain(database_url: str, *, n: int, rounds: int, queue: str = DRAIN_QUEUE, l
         for r in range(rounds):
             since = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
             before = _completed_counter(queue)
-            t0 = enqueue_committed(n, queue)
+            t0 = enqueue_committed(n, queue, task_name)
             wait_until_done(lambda b=before: _completed_counter(queue) - b, n,
                             f"{label} {r + 1}/{rounds}", timeout)
             done, last = _completed_since(conn, queue, since)

@@ -42,6 +42,15 @@ def rows(results: dict[str, Any]) -> list[Row]:
          none, True),
         ("drain (no-op tasks)", "tasks/s", "≈ 5,000", _get(v, "drain", "rate_per_s"),
          peer("drain", "rate_per_s"), True),
+        ("Django Task.enqueue(), in-process, 1 caller", "tasks/s", "", _get(v, "django", "enqueue_in_process",
+         "rate_per_s"), peer("django_enqueue", "rate_per_s"), True),
+        ("  ÷ valka.enqueue beside it", "ratio", "≥ 0.80", _get(v, "django", "enqueue_in_process", "ratio"),
+         none, True),
+        ("Django Task.enqueue(), REST, 1 caller", "tasks/s", "", _get(v, "django", "enqueue_remote", "rate_per_s"),
+         none, True),
+        ("  ÷ REST create beside it", "ratio", "≥ 0.80", _get(v, "django", "enqueue_remote", "ratio"), none, True),
+        ("drain, Django @task no-ops, 1 valka_worker", "tasks/s", "≥ 5× django-tasks-db",
+         _get(v, "django", "drain", "rate_per_s"), peer("django_drain", "rate_per_s"), True),
         ("idle-worker latency p50", "ms", "≤ 3", _get(v, "latency", "p50_ms"), peer("latency", "p50_ms"), False),
         ("idle-worker latency p99", "ms", "≤ 8", _get(v, "latency", "p99_ms"), peer("latency", "p99_ms"), False),
         ("drain, big table", "tasks/s", "within 20%", _get(v, "scale", "drain", "rate_per_s"), none, True),
@@ -72,6 +81,8 @@ def _fmt(value: Any, unit: str) -> str:
         return f"{value:.1f}"
     if unit == "MiB":
         return f"{value:.0f}"
+    if unit == "ratio":
+        return f"{value:.2f}"
     return f"{value:,.0f}"
 
 

@@ -42,9 +42,11 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--finished", type=int, default=int(env("BENCH_SCALE_FINISHED", 1_000_000)))
     p.add_argument("--future", type=int, default=int(env("BENCH_SCALE_FUTURE", 100_000)))
     p.add_argument("--idle-workers", type=int, default=int(env("BENCH_IDLE_WORKERS", 1000)))
+    p.add_argument("--django-concurrency", type=int, default=int(env("BENCH_DJANGO_CONCURRENCY", 64)),
+                   help="tasks in flight in the valka_worker of the Django drain")
     p.add_argument("--skip", default=env("BENCH_SKIP", ""),
-                   help="comma-separated: enqueue,drain,latency,floor,scale,memory")
-    p.add_argument("--peers", action="store_true", help="also run Celery+Redis and Procrastinate")
+                   help="comma-separated: enqueue,drain,django,latency,floor,scale,memory")
+    p.add_argument("--peers", action="store_true", help="also run Celery+Redis, Procrastinate and django-tasks-db")
     p.add_argument("--celery-concurrency", type=int, default=int(env("BENCH_CELERY_CONCURRENCY", 2)))
     p.add_argument("--procrastinate-concurrency", type=int, default=int(env("BENCH_PROCRASTINATE_CONCURRENCY", 8)))
     p.add_argument("--name", default=None, help="results file name (default: valka, or peers with --peers)")
@@ -62,7 +64,7 @@ def setup_django(database_url: str) -> None:
 
 
 def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
-    from bench import drain, enqueue, floor, grpc_floor, memory, scale
+    from bench import django_tasks, drain, enqueue, floor, grpc_floor, memory, scale
     from tasks.api.auth import api_key_create
 
     skip = set(filter(None, opts.skip.split(",")))
@@ -74,6 +76,7 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
                             queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE])
     out["memory"] = {"dispatcher_idle_start_mib": memory.rss({"d": dispatcher})["d"],
                      "worker_idle_start_mib": memory.rss({"w": workers[0]})["w"]}
+    web = None
     if "enqueue" not in skip:
         _, web = stack.web(processes=opts.web_processes)
         key = api_key_create(name="bench")[1]
@@ -84,10 +87,21 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
             "rest_batch": enqueue.rest_batch(web, key, opts.batches),
             "grpc_x8": enqueue.grpc_single(addr, opts.enqueue_count),
         }
+        if "django" not in skip:
+            out["django"] = {"enqueue_in_process": django_tasks.enqueue_in_process(opts.enqueue_count),
+                             "enqueue_remote": django_tasks.enqueue_remote(web, key, opts.enqueue_count)}
         enqueue.cleanup(url)
     if "drain" not in skip:
         out["drain"] = drain.drain(url, n=opts.n, rounds=opts.rounds)
         out["memory"]["worker_mib"] = memory.rss({"w": workers[0]})["w"]
+    if "django" not in skip:
+        worker = stack.django_worker(addr, web or "http://127.0.0.1:8989", concurrency=opts.django_concurrency,
+                                     queue=django_tasks.DRAIN_QUEUE)
+        out.setdefault("django", {})["drain"] = drain.drain(
+            url, n=opts.n, rounds=opts.rounds, queue=django_tasks.DRAIN_QUEUE, task_name=django_tasks.NOOP,
+            label="drain, Django @task")
+        out["django"]["worker_mib"] = memory.rss({"w": worker})["w"]
+        stack.stop(worker)
     if "latency" not in skip:
         out["latency"] = drain.latency(url, count=opts.latency_count, rate=opts.latency_rate)
     out["memory"]["dispatcher_mib"] = memory.rss({"d": dispatcher})["d"]
@@ -144,7 +158,9 @@ def run_peers(opts: argparse.Namespace, database_url: str, workdir: Path) -> dic
     with redis_server(workdir) as redis_url:
         for peer, extra in (("celery", ["--redis-url", redis_url]),
                             ("procrastinate", ["--procrastinate-url", create_database(database_url,
-                                                                                       "procrastinate")])):
+                                                                                       "procrastinate")]),
+                            ("django-tasks-db", ["--django-tasks-db-url", create_database(database_url,
+                                                                                           "django_tasks_db")])):
             proc = subprocess.run([str(PEERS_PYTHON), "-m", "bench.peers.run", peer, *common, *extra], cwd=ROOT,
                                   env=env, stdout=subprocess.PIPE, text=True, check=True)
             out[peer] = json.loads(proc.stdout.strip().splitlines()[-1])

@@ -114,6 +114,24 @@ class BenchStack:
         wait_for(connected, 60, f"{count} workers to connect", interval=0.2)
         return procs
 
+    def django_worker(self, server: str, web: str, *, concurrency: int, queue: str) -> subprocess.Popen:
+        """`manage.py valka_worker` of bench.django_project, waiting until the dispatcher has it."""
+        proc = self.spawn("worker-django", [sys.executable, "-m", "django", "valka_worker", "--name", "bench-django",
+                                            "--queue", queue, "--concurrency", str(concurrency)],
+                          {"DJANGO_SETTINGS_MODULE": "bench.django_project.settings", "BENCH_SERVER": server,
+                           "BENCH_VALKA_URL": web})
+
+        def connected() -> bool:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the Django worker exited:\n{self.log_tail(proc)}")
+            with psycopg.connect(self.database_url, autocommit=True) as conn:
+                row = conn.execute("SELECT count(*) FROM workers WHERE status = 'CONNECTED' AND name = %s",
+                                   ("bench-django",)).fetchone()
+            return bool(row and row[0])
+
+        wait_for(connected, 60, "the Django worker to connect", interval=0.2)
+        return proc
+
     def stop(self, proc: subprocess.Popen, timeout: float = 10.0) -> None:
         """SIGTERM (a graceful drain), then SIGKILL if it lingers."""
         if proc.poll() is None:

@@ -1,4 +1,4 @@
-"""`python -m bench.peers.run celery|procrastinate [options]`: one peer's figures, as JSON on stdout.
+"""`python -m bench.peers.run celery|procrastinate|django-tasks-db [options]`: one peer's figures, as JSON on stdout.
 
 Started by `bench.run` with `.venv-peers/bin/python`; progress bars go to stderr.
 """
@@ -14,7 +14,7 @@ from pathlib import Path
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench.peers.run")
-    parser.add_argument("peer", choices=["celery", "procrastinate"])
+    parser.add_argument("peer", choices=["celery", "procrastinate", "django-tasks-db"])
     parser.add_argument("--n", type=int, required=True)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--enqueue-count", type=int, default=2000)
@@ -23,14 +23,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--latency-rate", type=float, default=20.0)
     parser.add_argument("--redis-url", default="")
     parser.add_argument("--procrastinate-url", default="")
+    parser.add_argument("--django-tasks-db-url", default="")
     parser.add_argument("--celery-concurrency", type=int, default=2)
     parser.add_argument("--procrastinate-concurrency", type=int, default=8)
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix=f"valka-bench-{args.peer}-") as tmp:
         if args.peer == "celery":
             from bench.peers import celery_bench as bench
-        else:
+        elif args.peer == "procrastinate":
             from bench.peers import procrastinate_bench as bench  # type: ignore[no-redef]
+        else:
+            from bench.peers import django_tasks_db_bench as bench  # type: ignore[no-redef]
         figures = bench.run(args, Path(tmp))
     print(json.dumps(figures))
     return 0

@@ -21,7 +21,8 @@ then on, or None; with no handler, or when `fn` raises, the task fails for good.
 The Django worker (`valka_sdk.django`) resolves dotted paths to `@task` functions so.
 
 `capture_logging=True` sends what Python's `logging` says inside a handler (through
-the root logger) to the run's log too. `interrupt_sync_handlers=True` raises
+the root logger) to the run's log too, but for the loggers named in
+`capture_logging_except` (and the SDK's own). `interrupt_sync_handlers=True` raises
 `TaskCancelled` inside a plain function's thread when its task is cancelled (at its
 next Python instruction: a blocking call finishes first); otherwise sync handlers
 check `ctx.cancelled`.
@@ -122,9 +123,13 @@ class _Running:
 class _RunLogHandler(logging.Handler):
     """Python logging inside a handler, copied to its run's log (`Worker(capture_logging=True)`)."""
 
+    def __init__(self, ignore: tuple[str, ...] = ()) -> None:
+        super().__init__()
+        self.ignore = ("valka.worker", "valka_sdk", *ignore)
+
     def emit(self, record: logging.LogRecord) -> None:
         ctx = _current_run.get(None)
-        if ctx is None or record.name.startswith(("valka.worker", "valka_sdk")):
+        if ctx is None or record.name.startswith(self.ignore):
             return
         try:
             message = record.getMessage()
@@ -152,6 +157,7 @@ class Worker:
         tls: bool | grpc.ChannelCredentials = False,
         resolve: Resolver | None = None,
         capture_logging: bool = False,
+        capture_logging_except: tuple[str, ...] = (),
         interrupt_sync_handlers: bool = False,
     ) -> None:
         if not queues:
@@ -189,6 +195,7 @@ class Worker:
         self._is_async: dict[str, bool] = {}
         self._resolve = resolve
         self.capture_logging = capture_logging
+        self.capture_logging_except = tuple(capture_logging_except)  # logger names (and their children) left out
         self.interrupt_sync_handlers = interrupt_sync_handlers
         self._signal_hook: SignalHook | None = None
         self._running: dict[str, _Running] = {}
@@ -240,7 +247,7 @@ class Worker:
         if install_signal_handlers:
             for sig in (signal_module.SIGTERM, signal_module.SIGINT):
                 self._loop.add_signal_handler(sig, self._stopping.set)
-        log_handler = _RunLogHandler() if self.capture_logging else None
+        log_handler = _RunLogHandler(self.capture_logging_except) if self.capture_logging else None
         if log_handler is not None:
             logging.getLogger().addHandler(log_handler)
         delay = 0.2

@@ -59,3 +59,30 @@ def test_the_concurrent_insert_floor_counts_what_its_processes_committed(monkeyp
     finally:
         with psycopg.connect(database_url(), autocommit=True) as conn:
             conn.execute("DROP TABLE IF EXISTS floor_jobs")
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(90)
+def test_djangos_task_api_workloads(tmp_path, quiet):
+    from bench import django_tasks
+    from tasks.api.auth import api_key_create
+
+    stack = BenchStack(database_url(), tmp_path)
+    try:
+        _, addr = stack.dispatcher()
+        _, web = stack.web()
+        key = api_key_create(name="bench", scope="write")[1]
+        local = django_tasks.enqueue_in_process(20)
+        remote = django_tasks.enqueue_remote(web, key, 20)
+        for result in (local, remote):
+            assert result["count"] == 20 and result["rate_per_s"] > 0 and result["ratio"] > 0
+        stack.django_worker(addr, web, concurrency=8, queue=django_tasks.DRAIN_QUEUE)
+        drained = drain.drain(database_url(), n=30, rounds=1, queue=django_tasks.DRAIN_QUEUE,
+                              task_name=django_tasks.NOOP, timeout=30)
+        assert drained["n"] == 30 and drained["rate_per_s"] > 0
+    finally:
+        stack.stop_all()
+    results = {"valka": {"django": {"drain": {"rate_per_s": 1000.0}, "enqueue_in_process": local}},
+               "peers": {"django-tasks-db": {"django_drain": {"rate_per_s": 100.0}}}}
+    assert "| drain, Django @task no-ops, 1 valka_worker | tasks/s | ≥ 5× django-tasks-db | 1,000 |" \
+        in report.table(results)

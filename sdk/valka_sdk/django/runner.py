@@ -62,7 +62,8 @@ def _enqueued_at(task_id: str) -> datetime | None:
 
 
 def _arguments(ctx: ValkaContext) -> tuple[list[Any], dict[str, Any]]:
-    data = ctx.input
+    """The input's args and kwargs (a task made by another producer with no input takes none)."""
+    data = {} if ctx.input is None else ctx.input
     if not isinstance(data, dict) or not isinstance(data.get("args", []), list) \
             or not isinstance(data.get("kwargs", {}), dict):
         raise NonRetryableError(f"task {ctx.task_name!r}: its input must be {{\"args\": [...], \"kwargs\": {{...}}}}")
@@ -195,7 +196,8 @@ def build_worker(*, backend_alias: str = "default", queues: list[str] | None = N
     worker = Worker(
         server, queues=sorted(queues or backend.queues or ["default"]), concurrency=concurrency, name=name,
         worker_id=worker_id, token=getattr(options, "worker_token", None), resolve=resolver,
-        capture_logging=True, interrupt_sync_handlers=True,
+        # Django's "Task id=... state=..." lines repeat what the run's status says.
+        capture_logging=True, capture_logging_except=("django.tasks",), interrupt_sync_handlers=True,
         tls=tls_credentials(tls_ca_file or getattr(options, "tls_ca_file", None),
                             tls_cert_file or getattr(options, "tls_cert_file", None),
                             tls_key_file or getattr(options, "tls_key_file", None),
