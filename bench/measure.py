@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import statistics
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -64,3 +65,13 @@ def paced(count: int, rate: float, desc: str, send: Callable[[int], None]) -> No
                 time.sleep(delay)
             send(i)
             progress.update(1)
+
+
+def stop(proc: subprocess.Popen, timeout: float = 20.0) -> None:
+    """SIGTERM, then SIGKILL if `proc` is still there after `timeout` seconds."""
+    proc.terminate()
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(10)

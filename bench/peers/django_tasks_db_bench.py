@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from bench.measure import bar, rounds_summary, wait_until_done
+from bench.measure import bar, rounds_summary, stop, wait_until_done
 
 
 def run(args: Any, workdir: Path) -> dict[str, Any]:
@@ -72,11 +72,6 @@ def run(args: Any, workdir: Path) -> dict[str, Any]:
             rates.append(args.n / max(last.timestamp() - t0, 1e-6))
         out["django_drain"] = rounds_summary(rates, n=args.n)
     finally:
-        worker.terminate()
-        try:
-            worker.wait(20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait(10)
+        stop(worker)
         log.close()
     return out

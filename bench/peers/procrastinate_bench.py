@@ -18,7 +18,7 @@ from typing import Any
 
 import psycopg
 
-from bench.measure import bar, latency_summary, rounds_summary, wait_until_done
+from bench.measure import bar, latency_summary, rounds_summary, stop, wait_until_done
 
 
 def run(args: Any, workdir: Path) -> dict[str, Any]:
@@ -92,12 +92,7 @@ def run(args: Any, workdir: Path) -> dict[str, Any]:
             out["latency"] = {**latency_summary([(started[i] - sent[i][1]) * 1000 for i in ids]),
                               "from_call": latency_summary([(started[i] - sent[i][0]) * 1000 for i in ids])}
     finally:
-        worker.terminate()
-        try:
-            worker.wait(20)
-        except subprocess.TimeoutExpired:
-            worker.kill()
-            worker.wait(10)
+        stop(worker)
         log.close()
     return out
 

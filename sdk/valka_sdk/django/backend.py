@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import time
 import uuid
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import UTC
 from functools import partial
 from typing import Any
@@ -56,7 +56,7 @@ class ValkaTask(Task):
     max_retries: int | None = None  # retries after the first attempt
     timeout_seconds: int | None = None  # the lease per attempt
     idempotency_key: str | None = None  # an enqueue whose key exists answers the key's task
-    metadata: dict[str, Any] | None = None  # a JSON object, shown in the admin
+    metadata: dict[str, Any] | None = field(default=None, hash=False)  # a JSON object, shown in the admin
 
     def using(self, *, priority: int | None = None, queue_name: str | None = None, run_after: Any = None,
               backend: str | None = None, max_retries: int | None = None, timeout_seconds: int | None = None,

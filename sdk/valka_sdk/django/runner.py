@@ -20,6 +20,7 @@ heartbeats, retries, cancellation, logs, graceful shutdown); this module is its 
 from __future__ import annotations
 
 import inspect
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -35,7 +36,7 @@ from django.utils.module_loading import import_string
 
 from valka_sdk import Worker
 from valka_sdk.context import TaskContext as ValkaContext
-from valka_sdk.errors import NonRetryableError, TaskCancelled, class_path, format_failure
+from valka_sdk.errors import NonRetryableError, TaskCancelled, class_path
 from valka_sdk.worker import Handler
 
 
@@ -134,7 +135,7 @@ class DjangoTasks:
         object.__setattr__(result, "status", TaskResultStatus.FAILED)
         object.__setattr__(result, "finished_at", datetime.now(UTC))
         result.errors.append(TaskError(exception_class_path=class_path(exc),
-                                       traceback=format_failure("", exc).partition("\n")[2]))
+                                       traceback="".join(traceback.format_exception(exc))))
         if asynchronous:
             return task_finished.asend(sender=self.sender, task_result=result)
         task_finished.send(sender=self.sender, task_result=result)
