@@ -25,12 +25,13 @@ def run(args: Any, workdir: Path) -> dict[str, Any]:
 
     django.setup()
     from django.core.management import call_command
-    from django.db import connection, transaction
+    from django.db import transaction
+    from django.db.models import Max
+    from django_tasks_db.models import DBTaskResult
 
     from bench.peers.django_tasks_db_jobs import noop
 
     call_command("migrate", verbosity=0)
-    table = "django_tasks_db_dbtaskresult"
     out: dict[str, Any] = {"worker": "db_worker --interval 0.1"}
     task = noop.using(queue_name="enqueue")
     with bar(args.enqueue_count, "django-tasks-db enqueue x1") as progress:
@@ -40,8 +41,7 @@ def run(args: Any, workdir: Path) -> dict[str, Any]:
             progress.update(1)
         seconds = time.perf_counter() - start
     out["django_enqueue"] = {"rate_per_s": args.enqueue_count / seconds, "count": args.enqueue_count}
-    with connection.cursor() as cursor:
-        cursor.execute(f"DELETE FROM {table}")
+    DBTaskResult.objects.all().delete()
 
     log = open(workdir / "django-tasks-db-worker.log", "ab")  # noqa: SIM115 (closed below)
     worker = subprocess.Popen([sys.executable, "-m", "django", "db_worker", "--queue-name", "django-drain",
@@ -53,22 +53,17 @@ def run(args: Any, workdir: Path) -> dict[str, Any]:
             raise RuntimeError("the django-tasks-db worker exited")
 
         def succeeded() -> int:
-            with connection.cursor() as cursor:
-                cursor.execute(f"SELECT count(*) FROM {table} WHERE status = 'SUCCESSFUL'")
-                return cursor.fetchone()[0]
+            return DBTaskResult.objects.filter(status="SUCCESSFUL").count()
 
         rates = []
         for r in range(args.rounds):
-            with connection.cursor() as cursor:
-                cursor.execute(f"DELETE FROM {table}")
+            DBTaskResult.objects.all().delete()
             with transaction.atomic():
                 for _ in range(args.n):
                     noop.enqueue()
             t0 = time.time()
             wait_until_done(succeeded, args.n, f"django-tasks-db drain {r + 1}/{args.rounds}", max(120.0, args.n / 5))
-            with connection.cursor() as cursor:
-                cursor.execute(f"SELECT max(finished_at) FROM {table}")
-                last = cursor.fetchone()[0]
+            last = DBTaskResult.objects.aggregate(last=Max("finished_at"))["last"]
             rates.append(args.n / max(last.timestamp() - t0, 1e-6))
         out["django_drain"] = rounds_summary(rates, n=args.n)
     finally:
