@@ -4,6 +4,8 @@ import itertools
 import os
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 from django.contrib.auth.models import Permission
@@ -107,9 +109,12 @@ def listen():
 
 
 @pytest.fixture
-def own_cluster(tmp_path):
-    """A throwaway PostgreSQL for one test, migrated, that the test may stop and start."""
-    cluster = devdb.Cluster(tmp_path / "pg", free_port(), durable=False)
+def own_cluster():
+    """A throwaway PostgreSQL for one test, migrated, that the test may stop and start.
+
+    Its files live outside pytest's temporary folders: a pytest-xdist worker that starts later
+    takes back the access to those that devdb gives the server's user."""
+    cluster = devdb.Cluster(Path(tempfile.mkdtemp(prefix="valka-test-pg-")), free_port(), durable=False)
     cluster.start()
     subprocess.run([sys.executable, "manage.py", "migrate", "-v", "0"], cwd=ROOT, check=True, timeout=120,
                    env={**os.environ, "DATABASE_URL": cluster.url, "VALKA_DB_POOL": "false"})

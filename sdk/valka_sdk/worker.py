@@ -508,6 +508,8 @@ class Worker:
         with entry.lock:
             entry.thread = threading.get_ident()
         try:
+            if ctx.cancelled:  # cancelled before its thread ran it: `_cancel` found no thread to interrupt
+                raise TaskCancelled(ctx.cancel_reason or "cancelled")
             return handler(ctx)
         finally:
             with entry.lock:

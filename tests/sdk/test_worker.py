@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
@@ -172,10 +173,12 @@ def test_python_logging_inside_a_handler_goes_to_its_run_log():
 def test_a_cancel_interrupts_a_sync_handler_when_asked(interrupt):
     worker = Worker(queues=["q"], interrupt_sync_handlers=interrupt)
     seen = []
+    running = threading.Event()
 
     @worker.task("spin")
     def spin(ctx):
-        deadline = time.monotonic() + 1.5
+        running.set()
+        deadline = time.monotonic() + (30 if interrupt else 1.0)  # interrupted long before its end
         try:
             while time.monotonic() < deadline:
                 sum(range(100))
@@ -187,10 +190,13 @@ def test_a_cancel_interrupts_a_sync_handler_when_asked(interrupt):
     async def scenario():
         async with Runs(worker) as runs:
             runs.start("spin")
-            await asyncio.sleep(0.2)
+            assert await asyncio.to_thread(running.wait, 10)
             worker._cancel("t1", "by a test")
             result = await runs.result()
-            await asyncio.sleep(1.6 if not interrupt else 0.3)
+            for _ in range(200):  # the handler's thread ends: at once when interrupted, else after 1 s
+                if seen:
+                    break
+                await asyncio.sleep(0.05)
             return result
 
     result = asyncio.run(scenario())
