@@ -1,11 +1,13 @@
 """The console's task pages: the list, a task's own page, and cancel, replay and create.
 
 Each action calls the same service function as the REST API and is gated by its own
-permission (`tasks.cancel_task`, `tasks.replay_task`, `tasks.add_task`)."""
+permission (`tasks.cancel_task`, `tasks.replay_task`, `tasks.add_task`). Other apps add facts
+to a task's page from their `AppConfig.ready()` (`DETAIL_FACTS`), so tasks imports none of them."""
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 from django import forms
@@ -27,6 +29,16 @@ from tasks.specs import MAX_NAME
 from tasks.states import REPLAYABLE, TaskStatus, sources_of
 
 CANCELLABLE = frozenset(sources_of(TaskStatus.CANCELLED))
+
+# Each takes a task and answers (label, HTML) pairs for its page, built with format_html: where it
+# came from, say. Registered once each with `add_detail_facts`.
+DetailFacts = Callable[[Task], list[tuple[str, str]]]
+DETAIL_FACTS: list[DetailFacts] = []
+
+
+def add_detail_facts(facts: DetailFacts) -> None:
+    if facts not in DETAIL_FACTS:
+        DETAIL_FACTS.append(facts)
 
 
 class TaskCreateForm(forms.Form):
@@ -109,6 +121,7 @@ class TaskAdmin(ConsoleAdmin):
             "ran": span(task.started_at, task.finished_at or timezone.now()),
             "can_cancel": task.status in CANCELLABLE and self.has_cancel_permission(request),
             "can_replay": task.status in REPLAYABLE and self.has_replay_permission(request),
+            "more_facts": [fact for facts in DETAIL_FACTS for fact in facts(task)],
         }
 
     def cancel_view(self, request: HttpRequest, object_id: uuid.UUID) -> HttpResponse:

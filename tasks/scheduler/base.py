@@ -73,11 +73,20 @@ async def connection(db: DB) -> AsyncIterator[psycopg.AsyncConnection]:
         yield db
 
 
-async def sleep_or_stop(stop: asyncio.Event, seconds: float) -> None:
+async def sleep_or_stop(stop: asyncio.Event, seconds: float, wake: asyncio.Event | None = None) -> None:
+    """Sleep `seconds`, or less if `stop` (or `wake`, when given) is set meanwhile."""
+    if wake is None:
+        try:
+            await asyncio.wait_for(stop.wait(), max(seconds, 0.0))
+        except TimeoutError:
+            pass
+        return
+    waiters = [asyncio.ensure_future(stop.wait()), asyncio.ensure_future(wake.wait())]
     try:
-        await asyncio.wait_for(stop.wait(), max(seconds, 0.0))
-    except TimeoutError:
-        pass
+        await asyncio.wait(waiters, timeout=max(seconds, 0.0), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
 
 
 def jittered(seconds: float, spread: float = 0.1) -> float:
@@ -87,7 +96,8 @@ def jittered(seconds: float, spread: float = 0.1) -> float:
 
 class Loop:
     """The shape of a loop. Subclasses implement `run_once` and, if they know when
-    their next item is due, `next_delay`; the default is a fixed, jittered interval."""
+    their next item is due, `next_delay`; the default is a fixed, jittered interval.
+    Setting `wake` (from a LISTEN handler, say) cuts the sleep short: the next pass starts at once."""
 
     name = "loop"
 
@@ -103,6 +113,7 @@ class Loop:
         self.watching_since: datetime | None = None
         self._lost_access = False  # since the last time `watching_since` was set
         self._returned_at: datetime | None = None
+        self.wake = asyncio.Event()
 
     @property
     def interval(self) -> float:
@@ -176,6 +187,7 @@ class Loop:
             try:
                 if self.watching_since is None:
                     self.watching_since = await self._watch(self.pool)
+                self.wake.clear()  # a wake-up from here on is seen after this pass
                 await self.run_once(self.pool)
                 delay = await self.next_delay(self.pool)
                 if failures:
@@ -191,4 +203,4 @@ class Loop:
                 failures += 1
                 delay = min(MAX_BACKOFF, 0.5 * 2 ** min(failures, 10))
                 log.exception("%s: pass failed; retrying in %.1fs", self.name, delay)
-            await sleep_or_stop(stop, max(delay, MIN_SLEEP))
+            await sleep_or_stop(stop, max(delay, MIN_SLEEP), self.wake)

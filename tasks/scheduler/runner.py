@@ -1,12 +1,11 @@
 """The scheduler process: leader election plus every loop, until SIGTERM/SIGINT.
 
-While this process leads, each loop runs as its own asyncio task on a shared
-pool. When leadership is lost (lock connection gone) or a stop is asked for,
-the loops finish the batch in hand (each batch is one transaction, so
-stopping between batches leaves nothing half-moved) and pause; only then is
-the lock connection closed, so a successor never overlaps a batch of ours
-after a clean stop. A standby keeps campaigning and starts the loops afresh
-when it wins.
+While this process leads, each loop (the built-in ones and those other apps registered in
+`extensions.LOOPS`) runs as its own asyncio task on a shared pool. When leadership is lost
+(lock connection gone) or a stop is asked for, the loops finish the batch in hand (each batch
+is one transaction, so stopping between batches leaves nothing half-moved) and pause; only
+then is the lock connection closed, so a successor never overlaps a batch of ours after a
+clean stop. A standby keeps campaigning and starts the loops afresh when it wins.
 """
 
 from __future__ import annotations
@@ -18,6 +17,7 @@ import signal
 
 from psycopg_pool import AsyncConnectionPool
 
+from tasks.scheduler import extensions
 from tasks.scheduler.base import Loop, SchedulerConfig
 from tasks.scheduler.janitor import WorkerJanitor
 from tasks.scheduler.leader import Leader
@@ -51,6 +51,7 @@ class Scheduler:
             cls(self.config, self.pool)
             for cls in (RetryEngine, DelayedPromoter, LeaseReaper, WorkerJanitor, Retention)
         ]
+        self.loops += [make(self.config, self.pool) for make in extensions.LOOPS]  # other apps' loops
         self.terms = 0  # how many times this process became leader
 
     async def run(self, stop: asyncio.Event) -> None:

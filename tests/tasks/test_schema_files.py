@@ -1,4 +1,5 @@
-"""The database's functions, triggers and views are those of the files under tasks/sql/schema/.
+"""The database's functions, triggers and views are those of the files under tasks/sql/schema/
+(and of the files other apps registered in `schema.OTHERS`, the same way).
 
 The test database is built by the migrations, so it holds what they left: these tests fail when
 a migration defined code the files do not hold (or left code the files no longer define), and
@@ -49,12 +50,16 @@ def _drop(code: dict[str, str]) -> None:
                     cursor.execute(f"DROP {kind} IF EXISTS {name} CASCADE")
 
 
+ALL = [schema.TASKS, *schema.OTHERS]
+
+
 def test_the_files_define_the_migrated_code_exactly():
     migrated = _code()
     assert {"FUNCTION valka_uuid7()", "TRIGGER tasks_events_update ON tasks"} <= set(migrated)
     _drop(migrated)
     assert _code() == {}
-    schema.execute(connection)
+    for files in ALL:
+        files.execute(connection)
     from_files = _code()
     left_over, missing = sorted(migrated.keys() - from_files.keys()), sorted(from_files.keys() - migrated.keys())
     assert not left_over, f"the migrations left code that tasks/sql/schema/ does not define: {left_over}"
@@ -65,25 +70,28 @@ def test_the_files_define_the_migrated_code_exactly():
 
 def test_the_files_apply_again_over_themselves():
     migrated = _code()
-    schema.execute(connection)
-    schema.execute(connection)
+    for files in ALL * 2:
+        files.execute(connection)
     assert _code() == migrated
 
 
-def test_every_file_is_applied():
-    assert sorted(path.name for path in schema.DIRECTORY.glob("*.sql")) == sorted(schema.FILES)
+@pytest.mark.parametrize("files", ALL, ids=lambda files: files.app_label)
+def test_every_file_is_applied(files):
+    assert sorted(path.name for path in files.directory.glob("*.sql")) == sorted(files.files)
 
 
-def test_the_latest_migration_that_applies_the_files_was_written_for_them_as_they_are():
+@pytest.mark.parametrize("files", ALL, ids=lambda files: files.app_label)
+def test_the_latest_migration_that_applies_the_files_was_written_for_them_as_they_are(files):
     # A fresh database gets the files as they are now from every migration that applies them, so
     # a file changed without a migration that applies it again passes the tests above, while a
     # database migrated before the change never gets it. Each such migration records the files'
     # SHA-256 as it was written (SCHEMA_SHA256), and the latest one must match the files.
-    folder = Path(importlib.import_module("tasks.migrations").__file__).parent
-    recorded = [getattr(importlib.import_module(f"tasks.migrations.{path.stem}"), "SCHEMA_SHA256", None)
+    package = f"{files.app_label}.migrations"
+    folder = Path(importlib.import_module(package).__file__).parent
+    recorded = [getattr(importlib.import_module(f"{package}.{path.stem}"), "SCHEMA_SHA256", None)
                 for path in sorted(folder.glob("[0-9]*.py"))]
     recorded = [digest for digest in recorded if digest]
-    assert recorded, "no migration applies tasks/sql/schema/"
-    assert recorded[-1] == schema.sha256(), (
-        "tasks/sql/schema/ changed after the latest migration that applies it: add a migration that "
-        f"applies the files again (see tasks/sql/schema/__init__.py) with SCHEMA_SHA256 = {schema.sha256()!r}")
+    assert recorded, f"no migration applies {files.directory}"
+    assert recorded[-1] == files.sha256(), (
+        f"{files.directory} changed after the latest migration that applies it: add a migration that "
+        f"applies the files again (see tasks/sql/schema/__init__.py) with SCHEMA_SHA256 = {files.sha256()!r}")

@@ -1,5 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
+from tasks.errors import ValkaError
+from tasks.scheduler import extensions
 from tasks.scheduler.runner import serve
 from valka.conf import refuse_development_key
 from valka.poolers import refuse_pooler
@@ -7,11 +9,17 @@ from valka_sdk import aio
 
 
 class Command(BaseCommand):
-    help = "Run the scheduler (retries, lease reaper, delayed tasks, janitor, retention) until SIGTERM/SIGINT."
+    help = ("Run the scheduler (retries, lease reaper, delayed tasks, janitor, retention and the loops other apps "
+            "add) until SIGTERM/SIGINT.")
 
     def handle(self, *args, **options):
         if (why := refuse_development_key("run_scheduler")) is not None:
             raise CommandError(why)
+        for hook in extensions.ON_START:  # other apps' start-up work (tasks.scheduler.extensions)
+            try:
+                hook()
+            except ValkaError as exc:
+                raise CommandError(exc.message) from None
 
         # The pool, events and signal handlers are created inside the running event loop.
         async def main() -> None:

@@ -40,27 +40,45 @@ DIRECTORY = Path(__file__).resolve().parent
 FILES = ("ids.sql", "retry.sql", "counters.sql", "events.sql")
 
 
-def text(name: str | None = None) -> str:
-    """The SQL of one file, or of all of them in order."""
-    names = FILES if name is None else (name,)
-    return "\n".join((DIRECTORY / n).read_text(encoding="utf-8") for n in names)
+class SchemaFiles:
+    """One app's database code: `files` in `directory`, applied in that order. The tasks app's
+    are below; another app that keeps code of its own in the database (its tables' triggers)
+    makes one of these, applies it from its migrations as tasks does, and adds it to `OTHERS`
+    from its `AppConfig.ready()`, so that tests/tasks/test_schema_files.py checks it too."""
+
+    def __init__(self, app_label: str, directory: Path, files: tuple[str, ...]) -> None:
+        self.app_label = app_label
+        self.directory = directory
+        self.files = files
+
+    def text(self, name: str | None = None) -> str:
+        """The SQL of one file, or of all of them in order."""
+        names = self.files if name is None else (name,)
+        return "\n".join((self.directory / n).read_text(encoding="utf-8") for n in names)
+
+    def sha256(self) -> str:
+        """The files' fingerprint, which a migration that applies them records as SCHEMA_SHA256."""
+        return hashlib.sha256(self.text().encode()).hexdigest()
+
+    def execute(self, connection: Any) -> None:
+        """Apply every file on a Django `connection`, in one transaction (or savepoint)."""
+        with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
+            cursor.execute("SELECT current_setting('check_function_bodies')")
+            checked = cursor.fetchone()[0]
+            cursor.execute("SET LOCAL check_function_bodies = off")
+            cursor.execute(self.text())
+            cursor.execute("SELECT set_config('check_function_bodies', %s, true)", [checked])
+
+    def apply(self, apps: Any, schema_editor: Any) -> None:
+        """A `migrations.RunPython` operation's code: apply the files as they are now."""
+        self.execute(schema_editor.connection)
 
 
-def sha256() -> str:
-    """The files' fingerprint, which a migration that applies them records as SCHEMA_SHA256."""
-    return hashlib.sha256(text().encode()).hexdigest()
+TASKS = SchemaFiles("tasks", DIRECTORY, FILES)
+# Other apps' database code, registered from their AppConfig.ready() (see SchemaFiles).
+OTHERS: list[SchemaFiles] = []
 
-
-def execute(connection: Any) -> None:
-    """Apply every file on a Django `connection`, in one transaction (or savepoint)."""
-    with transaction.atomic(using=connection.alias), connection.cursor() as cursor:
-        cursor.execute("SELECT current_setting('check_function_bodies')")
-        checked = cursor.fetchone()[0]
-        cursor.execute("SET LOCAL check_function_bodies = off")
-        cursor.execute(text())
-        cursor.execute("SELECT set_config('check_function_bodies', %s, true)", [checked])
-
-
-def apply(apps: Any, schema_editor: Any) -> None:
-    """A `migrations.RunPython` operation's code: apply the files as they are now."""
-    execute(schema_editor.connection)
+text = TASKS.text
+sha256 = TASKS.sha256
+execute = TASKS.execute
+apply = TASKS.apply
