@@ -31,6 +31,7 @@ INSTALLED_APPS = [
     "drf_spectacular_sidecar",
     "tasks",
     "signals",
+    "schedules",
     "dispatcher",
 ]
 
@@ -201,6 +202,14 @@ VALKA = {
     # or a scheduled task is picked up within about this long of its time.
     "SCHEDULER_MAX_SLEEP": env.float("VALKA_SCHEDULER_MAX_SLEEP", default=1.0),
     "RETENTION_INTERVAL": env.float("VALKA_RETENTION_INTERVAL", default=600.0),
+    # Schedules declared in code (a list of dicts, each a schedule's fields): run_scheduler creates or
+    # updates them by name at start (schedules.services.schedules_reconcile).
+    "SCHEDULES": env.json("VALKA_SCHEDULES", default=[]),
+    # A slot more than this many seconds late counts as missed: a schedule with catch_up "none" skips it.
+    "SCHEDULE_MISFIRE_GRACE": env.float("VALKA_SCHEDULE_MISFIRE_GRACE", default=10.0),
+    # The firing loop sleeps until the next slot, woken by a change to the schedules table; it
+    # looks at the table at least this often in case a wake-up was lost.
+    "SCHEDULE_POLL_INTERVAL": env.float("VALKA_SCHEDULE_POLL_INTERVAL", default=10.0),
 }
 
 # Bodies may carry `input` and `metadata` of MAX_PAYLOAD_BYTES each, so the request

@@ -1,0 +1,20 @@
+from django.apps import AppConfig
+
+
+class SchedulesConfig(AppConfig):
+    """Periodic tasks. The app extends `tasks` (which imports nothing of it) through the lists tasks
+    keeps for that: a loop of the scheduler and the schema check's files."""
+
+    name = "schedules"
+    label = "schedules"
+    verbose_name = "Schedules"
+    default_auto_field = "django.db.models.BigAutoField"
+
+    def ready(self) -> None:
+        from schedules import firing, schema
+        from tasks.scheduler import extensions
+        from tasks.sql import schema as task_schema
+
+        extensions.add_loop(firing.from_settings)
+        if schema.FILES not in task_schema.OTHERS:
+            task_schema.OTHERS.append(schema.FILES)
