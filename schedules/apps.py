@@ -3,7 +3,7 @@ from django.apps import AppConfig
 
 class SchedulesConfig(AppConfig):
     """Periodic tasks. The app extends `tasks` (which imports nothing of it) through the lists tasks
-    keeps for that: a loop of the scheduler and the schema check's files."""
+    keeps for that: a loop and a start-up step of the scheduler and the schema check's files."""
 
     name = "schedules"
     label = "schedules"
@@ -11,10 +11,11 @@ class SchedulesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from schedules import firing, schema
+        from schedules import firing, schema, services
         from tasks.scheduler import extensions
         from tasks.sql import schema as task_schema
 
         extensions.add_loop(firing.from_settings)
+        extensions.add_on_start(services.schedules_reconcile)
         if schema.FILES not in task_schema.OTHERS:
             task_schema.OTHERS.append(schema.FILES)

@@ -35,6 +35,7 @@ from schedules.models import CatchUp
 from schedules.slots import SlotError, Timing, cron_fields, key_time
 from tasks.scheduler.base import DB, DUE_SLACK, MIN_SLEEP, Loop, SchedulerConfig, connection
 from tasks.sql import producer
+from valka.arrays import BinaryArray
 from valka.conf import valka_settings
 from valka.db import conninfo
 from valka.ids import uuid7_many
@@ -118,8 +119,9 @@ class ScheduleFiring(Loop):
             row = await cur.fetchone()
             inserted = set(row[0].split(",")) if row and row[0] else set()
         last_slots, last_tasks, fired = _outcomes(firings, task_ids, inserted)
-        await conn.execute(sql.ADVANCE_SCHEDULES, {"now": now, "ids": ids, "next_run_at": nexts, "slots": last_slots,
-                                                   "task_ids": last_tasks, "fired": fired})
+        await conn.execute(sql.ADVANCE_SCHEDULES, {
+            "now": now, "ids": BinaryArray(ids), "next_run_at": BinaryArray(nexts), "slots": BinaryArray(last_slots),
+            "task_ids": BinaryArray(last_tasks), "fired": BinaryArray(fired)})
         taken = len(texts) - len(inserted)
         if taken:
             log.info("%s: %d slot(s) already had their task (another scheduler, or a batch repeated)", self.name,

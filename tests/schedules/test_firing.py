@@ -145,3 +145,48 @@ def test_a_batch_locks_its_schedules_and_skips_those_held_elsewhere():
     assert keys_of("free") and not keys_of("held")
     assert Schedule.objects.get(name="held").next_run_at == BASE  # its turn comes next pass
     assert once(firing(), now=BASE + timedelta(seconds=2)) == 1
+
+
+def test_the_loop_sleeps_until_a_slot_and_wakes_when_a_schedule_is_added():
+    """With nothing due it sleeps its whole poll (30 s here); a schedule added meanwhile wakes it through
+    the table's trigger, and its first slot fires within a second of its time."""
+    from django.db import connections
+    from django.utils import timezone
+
+    from schedules import services
+    from valka.db import conninfo, make_pool
+
+    def in_thread(fn):
+        def call():
+            try:
+                return fn()
+            finally:
+                connections.close_all()  # this thread's connection, or the test database stays in use
+        return asyncio.to_thread(call)
+
+    pool = make_pool("valka-tests schedules", max_size=2)
+    loop = ScheduleFiring(make_config(), pool, listen=conninfo(application_name="valka-tests listen"),
+                          poll_interval=30.0)
+
+    async def scenario() -> float:
+        stop = asyncio.Event()
+        await pool.open()
+        running = asyncio.create_task(loop.run(stop))
+        try:
+            await asyncio.sleep(1.0)  # the loop has looked, found nothing and gone to sleep
+            await in_thread(lambda: services.schedule_create(data={
+                "name": "woken", "interval_seconds": 2, "task_name": "t", "queue": "q"}))
+            due = await in_thread(lambda: Schedule.objects.get(name="woken").next_run_at)
+            deadline = asyncio.get_running_loop().time() + 10
+            while not await in_thread(lambda: Task.objects.filter(idempotency_key__startswith="schedule:woken:")
+                                      .exists()):
+                assert asyncio.get_running_loop().time() < deadline, "the schedule never fired"
+                await asyncio.sleep(0.02)
+            return (timezone.now() - due).total_seconds()
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, 10)
+            await pool.close()
+
+    late = run_async(scenario)
+    assert 0 <= late < 1.0, f"fired {late:.2f}s after its slot"
