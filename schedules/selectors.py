@@ -13,12 +13,14 @@ from schedules import sql
 from schedules.models import Schedule
 from schedules.specs import timing_of
 from tasks.errors import NotFound, ValidationError
+from tasks.specs import check_text
 
 UPCOMING = 5  # slots each schedule's JSON and admin page show
 
 
 def schedule_get(*, name: str, for_update: bool = False) -> Schedule:
     """Schedule `name` (NOT_FOUND if none); `for_update` locks its row until the transaction ends."""
+    check_text("name", name)
     qs = Schedule.objects.select_for_update() if for_update else Schedule.objects.select_related("last_task")
     try:
         return qs.get(name=name)
@@ -34,6 +36,7 @@ def schedule_list(*, enabled: str | None = None, queue: str | None = None,
         if value is not None:
             qs = qs.filter(**{name: _bool(name, value)})
     if queue is not None:
+        check_text("queue", queue)
         qs = qs.filter(queue=queue)
     return qs
 
