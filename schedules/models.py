@@ -9,7 +9,7 @@ from django.db import models
 from django.db.models import Q
 
 from tasks.models import Task
-from tasks.specs import MAX_NAME
+from tasks.specs import MAX_NAME, QUEUE_PATTERN
 
 MAX_SCHEDULE_NAME = 200  # leaves room in an idempotency key (255) for "schedule:", ":manual:" and a UUID
 
@@ -61,6 +61,8 @@ class Schedule(models.Model):
         ordering = ["name"]
         permissions = [("trigger_schedule", "Can trigger schedules now")]
         constraints = [
+            # The firing loop writes names into JSON and idempotency keys as they are: none may need quoting.
+            models.CheckConstraint(condition=Q(name__regex=QUEUE_PATTERN), name="schedules_name_valid"),
             models.CheckConstraint(
                 condition=(Q(cron__isnull=False) & Q(interval_seconds__isnull=True))
                 | (Q(cron__isnull=True) & Q(interval_seconds__isnull=False)),
