@@ -3,7 +3,8 @@ from django.apps import AppConfig
 
 class SchedulesConfig(AppConfig):
     """Periodic tasks. The app extends `tasks` (which imports nothing of it) through the lists tasks
-    keeps for that: a loop and a start-up step of the scheduler and the schema check's files."""
+    keeps for that: a loop and a start-up step of the scheduler, a panel of the overview, a fact of
+    a task's page and the schema check's files."""
 
     name = "schedules"
     label = "schedules"
@@ -11,11 +12,15 @@ class SchedulesConfig(AppConfig):
     default_auto_field = "django.db.models.BigAutoField"
 
     def ready(self) -> None:
-        from schedules import firing, schema, services
+        from schedules import admin, firing, schema, services
+        from tasks.admin import overview
+        from tasks.admin import tasks as task_admin
         from tasks.scheduler import extensions
         from tasks.sql import schema as task_schema
 
         extensions.add_loop(firing.from_settings)
         extensions.add_on_start(services.schedules_reconcile)
+        overview.add_panel(admin.next_due_panel)
+        task_admin.add_detail_facts(admin.schedule_of_task)
         if schema.FILES not in task_schema.OTHERS:
             task_schema.OTHERS.append(schema.FILES)
