@@ -30,7 +30,7 @@ def change(schedule: Schedule) -> str:
 
 
 def slots_shown(html: str) -> list[str]:
-    return re.findall(r'<li><time datetime="([^"]+)">', html)
+    return re.findall(r'<td><time datetime="([^"]+)">', html)
 
 
 def test_the_list_shows_timing_next_and_last_run_with_its_tasks_badge(admin_client):
