@@ -26,6 +26,7 @@ import os
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Any
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -90,16 +91,23 @@ class ScheduleFiring(Loop):
         firings: list[list[datetime]] = []
         keys: list[str] = []
         texts: list[str] = []
+        # Schedules with the same timing due at the same slot (a burst at the top of the hour) fire the
+        # same slots: each distinct one is worked out once per batch, whose clock is one.
+        planned: dict[tuple[Any, ...], Firing] = {}
         for (schedule_id, name, cron, interval, tz, catch_up, start_at, end_at, next_run_at, template,
              clock) in rows:
-            try:
-                firing = plan(cron=cron, interval_seconds=interval, timezone=tz, catch_up=catch_up,
-                              start_at=start_at, end_at=end_at, next_run_at=next_run_at, now=clock,
-                              grace=self.grace)
-            except SlotError as exc:  # stored before this version refused it: stop it, loudly, once
-                log.error("%s: schedule %r cannot be computed (%s); it will not fire until its timing is changed",
-                          self.name, name, exc)
-                firing = Firing([], None)
+            timing = (cron, interval, tz, catch_up, start_at, end_at, next_run_at)
+            firing = planned.get(timing)
+            if firing is None:
+                try:
+                    firing = plan(cron=cron, interval_seconds=interval, timezone=tz, catch_up=catch_up,
+                                  start_at=start_at, end_at=end_at, next_run_at=next_run_at, now=clock,
+                                  grace=self.grace)
+                except SlotError as exc:  # stored before this version refused it: stop it, loudly
+                    log.error("%s: schedule %r cannot be computed (%s); it will not fire until its timing is "
+                              "changed", self.name, name, exc)
+                    firing = Firing([], None)
+                planned[timing] = firing
             ids.append(schedule_id)
             nexts.append(firing.next_run_at)
             firings.append(firing.slots)
