@@ -56,6 +56,13 @@ def rows(results: dict[str, Any]) -> list[Row]:
         ("drain, big table", "tasks/s", "within 20%", _get(v, "scale", "drain", "rate_per_s"), none, True),
         ("latency p50, big table", "ms", "within 20%", _get(v, "scale", "latency", "p50_ms"), none, False),
         ("latency p99, big table", "ms", "within 20%", _get(v, "scale", "latency", "p99_ms"), none, False),
+        ("schedules: fire 10,000 due at one slot", "s", "< 5", _get(v, "schedules", "fire", "seconds"), none, False),
+        ("drain, beside that firing", "tasks/s", "within noise",
+         _get(v, "schedules", "fire", "drain_beside", "rate_per_s"), none, True),
+        ("drain, just before it", "tasks/s", "", _get(v, "schedules", "fire", "drain_before", "rate_per_s"), none,
+         True),
+        ("scheduler CPU, idle, 10,000 schedules", "%", "< 1", _get(v, "schedules", "idle", "cpu_percent"), none,
+         False),
         ("raw-SQL floor: drain, 2 connections", "tasks/s", "", _get(v, "floor", "rate_per_s"), none, True),
         ("gRPC floor: worker stream round trips, 1 worker", "tasks/s", "", _get(v, "grpc_floor", "rate_per_s"),
          none, True),
@@ -81,7 +88,7 @@ def _fmt(value: Any, unit: str) -> str:
         return f"{value:.1f}"
     if unit == "MiB":
         return f"{value:.0f}"
-    if unit == "ratio":
+    if unit in ("ratio", "s", "%"):
         return f"{value:.2f}"
     return f"{value:,.0f}"
 

@@ -44,8 +44,11 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--idle-workers", type=int, default=int(env("BENCH_IDLE_WORKERS", 1000)))
     p.add_argument("--django-concurrency", type=int, default=int(env("BENCH_DJANGO_CONCURRENCY", 64)),
                    help="tasks in flight in the valka_worker of the Django drain")
+    p.add_argument("--schedules", type=int, default=int(env("BENCH_SCHEDULES", 10_000)),
+                   help="schedules fired in one minute, and idle")
+    p.add_argument("--schedule-idle-seconds", type=float, default=float(env("BENCH_SCHEDULE_IDLE_SECONDS", 60)))
     p.add_argument("--skip", default=env("BENCH_SKIP", ""),
-                   help="comma-separated: enqueue,drain,django,latency,floor,scale,memory")
+                   help="comma-separated: enqueue,drain,django,latency,floor,scale,schedules,memory")
     p.add_argument("--peers", action="store_true", help="also run Celery+Redis, Procrastinate and django-tasks-db")
     p.add_argument("--celery-concurrency", type=int, default=int(env("BENCH_CELERY_CONCURRENCY", 2)))
     p.add_argument("--procrastinate-concurrency", type=int, default=int(env("BENCH_PROCRASTINATE_CONCURRENCY", 8)))
@@ -64,7 +67,7 @@ def setup_django(database_url: str) -> None:
 
 
 def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
-    from bench import django_tasks, drain, enqueue, floor, grpc_floor, memory, scale
+    from bench import django_tasks, drain, enqueue, floor, grpc_floor, memory, scale, schedules
     from tasks.api.auth import api_key_create
 
     skip = set(filter(None, opts.skip.split(",")))
@@ -115,6 +118,9 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
                         "drain": drain.drain(url, n=opts.n, rounds=opts.rounds, label="drain, big table"),
                         "latency": drain.latency(url, count=opts.latency_count, rate=opts.latency_rate,
                                                  label="latency, big table")}
+    if "schedules" not in skip:
+        out["schedules"] = {"fire": schedules.fire(stack, count=opts.schedules, drain_n=opts.n),
+                            "idle": schedules.idle(stack, count=opts.schedules, seconds=opts.schedule_idle_seconds)}
     if "floor" not in skip:
         floor_url = create_database(url, "floor")
         out["floor"] = {**floor.drain(floor_url, n=opts.n, rounds=opts.rounds),

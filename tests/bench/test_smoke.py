@@ -86,3 +86,23 @@ def test_djangos_task_api_workloads(tmp_path, quiet):
                "peers": {"django-tasks-db": {"django_drain": {"rate_per_s": 100.0}}}}
     assert "| drain, Django @task no-ops, 1 valka_worker | tasks/s | ≥ 5× django-tasks-db | 1,000 |" \
         in report.table(results)
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(90)
+def test_the_schedules_workloads_on_a_real_stack(tmp_path, quiet):
+    from bench import schedules
+
+    stack = BenchStack(database_url(), tmp_path)
+    try:
+        _, addr = stack.dispatcher()
+        stack.workers(addr, count=1, concurrency=8, queues=[drain.DRAIN_QUEUE])
+        fired = schedules.fire(stack, count=30, drain_n=20, cron=False, lead=3.0)
+        assert fired["fired"] == 30 and 0 < fired["seconds"] < 30, fired
+        assert fired["drain_before"]["n"] == fired["drain_beside"]["n"] == 20
+        idle = schedules.idle(stack, count=30, seconds=1.0, settle=0.5)
+        assert idle["schedules"] == 30 and 0 <= idle["cpu_percent"] < 100 and idle["seconds"] >= 1.0
+    finally:
+        stack.stop_all()
+    text = report.table({"valka": {"schedules": {"fire": fired, "idle": idle}}})
+    assert "| schedules: fire 10,000 due at one slot | s | < 5 |" in text
