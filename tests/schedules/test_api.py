@@ -3,7 +3,6 @@ declared schedules, who may call what, and the OpenAPI schema."""
 
 from __future__ import annotations
 
-import uuid
 from datetime import datetime
 
 import pytest
@@ -157,16 +156,6 @@ def _call(client: Client, name: str) -> int:
     return getattr(client, method)(path, body, content_type="application/json").status_code
 
 
-def _staff(django_user_model, *perms: str) -> Client:
-    user = django_user_model.objects.create_user(f"staff-{uuid.uuid4().hex[:8]}", is_staff=True)
-    for perm in perms:
-        app_label, codename = perm.split(".")
-        user.user_permissions.add(Permission.objects.get(content_type__app_label=app_label, codename=codename))
-    client = Client()
-    client.force_login(user)
-    return client
-
-
 @pytest.mark.parametrize("name", list(CALLS))
 @pytest.mark.parametrize("scope", [READ, WRITE, ADMIN])
 def test_a_key_needs_the_scope(name, scope):
@@ -180,13 +169,13 @@ def test_a_key_needs_the_scope(name, scope):
 
 
 @pytest.mark.parametrize("name", list(CALLS))
-def test_a_staff_session_needs_exactly_the_admins_permission(name, django_user_model):
+def test_a_staff_session_needs_exactly_the_admins_permission(name, staff_client):
     permission, done = CALLS[name][4], CALLS[name][5]
     everything = [f"schedules.{p.codename}" for p in Permission.objects.filter(content_type__app_label="schedules")]
     assert permission in everything
-    assert _call(_staff(django_user_model, *[p for p in everything if p != permission]), name) == 403
+    assert _call(staff_client(*[p for p in everything if p != permission]), name) == 403
     assert done is None or not done()
-    assert _call(_staff(django_user_model, permission), name) in (200, 201, 204)
+    assert _call(staff_client(permission), name) in (200, 201, 204)
     assert done is None or done()
     assert _call(Client(), name) == 401
 
