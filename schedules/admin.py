@@ -32,6 +32,7 @@ from tasks.models import Task
 
 EVERYWHERE = [ActionLocation.CHANGE_LIST, ActionLocation.CHANGE_FORM]
 NEXT_DUE_SHOWN = 10
+TRIGGER_LIMIT = 100  # schedules one "trigger now" fires, each a task
 
 
 class ScheduleForm(forms.ModelForm):
@@ -209,7 +210,11 @@ class ScheduleAdmin(admin.ModelAdmin):
 
     @admin.action(description="Trigger selected schedules now", permissions=["trigger"], location=EVERYWHERE)
     def trigger_selected(self, request: HttpRequest, queryset: QuerySet[Schedule]) -> None:
-        made = [services.schedule_trigger(name=name) for name in queryset.values_list("name", flat=True)[:100]]
+        names = list(queryset.values_list("name", flat=True)[:TRIGGER_LIMIT + 1])
+        if len(names) > TRIGGER_LIMIT:
+            self.message_user(request, f"Trigger at most {TRIGGER_LIMIT} schedules at once.", messages.ERROR)
+            return
+        made = [services.schedule_trigger(name=name) for name in names]
         links = format_html_join(", ", '<a href="{}">{}</a>',
                                  ((reverse("admin:tasks_task_change", args=[t.id]), t.id) for t in made))
         self.message_user(request, format_html("Triggered: {}", links), messages.SUCCESS)

@@ -89,8 +89,7 @@ class ScheduleFiring(Loop):
         ids: list[int] = []
         nexts: list[datetime | None] = []
         firings: list[list[datetime]] = []
-        keys: list[str] = []
-        texts: list[str] = []
+        texts: list[str] = []  # each task of the batch as INSERT_TASKS's JSON, but for its id
         # Schedules with the same timing due at the same slot (a burst at the top of the hour) fire the
         # same slots: each distinct one is worked out once per batch, whose clock is one.
         planned: dict[tuple[Any, ...], Firing] = {}
@@ -114,9 +113,8 @@ class ScheduleFiring(Loop):
             head = template[:-1]  # the template object without its closing brace
             for slot in firing.slots:
                 when = key_time(slot)
-                keys.append(f"schedule:{name}:{when}")
-                texts.append(f'{head},"idempotency_key":"{keys[-1]}","run_at":"{when}"')
-            if len(keys) >= MAX_TASKS_PER_BATCH:
+                texts.append(f'{head},"idempotency_key":"schedule:{name}:{when}","run_at":"{when}"')
+            if len(texts) >= MAX_TASKS_PER_BATCH:
                 break
         task_ids = [str(task_id) for task_id in uuid7_many(len(texts))]
         inserted: set[str] = set()

@@ -40,11 +40,10 @@ log = logging.getLogger("valka.schedules")
 RECONCILE_KEY = int.from_bytes(b"valkasdc", "big", signed=True)
 
 
-def schedule_create(*, data: Any, declared: bool = False) -> Schedule:
+def schedule_create(*, data: Any) -> Schedule:
     """Validate `data` (the API's fields) and create the schedule; its first slot is computed now.
     A name already taken is a ValidationError naming `name`."""
-    spec = parse_schedule_spec(data)
-    return _insert(spec, declared=declared)
+    return _insert(parse_schedule_spec(data), declared=False)
 
 
 def _insert(spec: ScheduleSpec, *, declared: bool) -> Schedule:
@@ -60,18 +59,18 @@ def _insert(spec: ScheduleSpec, *, declared: bool) -> Schedule:
     return Schedule.objects.get(pk=schedule.pk)  # with the database's created_at and updated_at
 
 
-def schedule_update(*, name: str, data: Any, allow_declared: bool = False) -> Schedule:
+def schedule_update(*, name: str, data: Any) -> Schedule:
     """Apply the fields of `data` to schedule `name` (a PATCH) and validate the result as a whole.
 
-    A declared schedule (VALKA_SCHEDULES) takes only `enabled` (else INVALID_STATE), unless
-    `allow_declared` (the reconciliation). The name cannot change."""
+    A declared schedule (VALKA_SCHEDULES) takes only `enabled` here (else INVALID_STATE); the
+    reconciliation changes the rest. The name cannot change."""
     if not isinstance(data, Mapping):
         raise ValidationError("the request body must be a JSON object", {"body": ["must be a JSON object"]})
     with transaction.atomic():
         schedule = selectors.schedule_get(name=name, for_update=True)
         if "name" in data and data["name"] != schedule.name:
             raise ValidationError.field("name", "cannot be changed (delete the schedule and create another)")
-        if schedule.declared and not allow_declared:
+        if schedule.declared:
             changed = sorted(key for key, value in data.items()
                              if key != "enabled" and key in schedule_fields(schedule)
                              and value != schedule_fields(schedule)[key])

@@ -24,7 +24,8 @@ TASK_FIELDS = ("task_name", "queue", "input", "metadata", "priority", "max_retri
 TIMING_FIELDS = ("cron", "interval_seconds", "timezone", "start_at", "end_at")
 FIELDS = ("name", *TIMING_FIELDS, "catch_up", "enabled", *TASK_FIELDS)
 # What a schedule answers but nobody sets: ignored in a request (a GET's body may be sent back).
-READ_ONLY = ("id", "declared", "next_run_at", "last_run_at", "last_task_id", "upcoming", "created_at", "updated_at")
+READ_ONLY = ("declared", "next_run_at", "upcoming", "last_run_at", "last_task_id", "last_task_status", "created_at",
+             "updated_at")
 # Task fields the schedule itself sets on every task it creates.
 SET_BY_SCHEDULE = {"idempotency_key": "each task's key is schedule:<name>:<slot>",
                    "run_at": "each task is due at its slot", "scheduled_at": "each task is due at its slot"}
