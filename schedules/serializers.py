@@ -65,7 +65,7 @@ class ScheduleCreateSerializer(serializers.Serializer):
     interval_seconds = serializers.IntegerField(required=False, allow_null=True, min_value=1, max_value=MAX_INTERVAL)
     timezone = serializers.CharField(required=False, help_text="IANA name (default UTC); cron slots follow its "
                                                                "wall-clock time")
-    catch_up = serializers.ChoiceField(choices=CatchUp.values, required=False,
+    catch_up = serializers.ChoiceField(choices=CatchUp.choices, required=False,
                                        help_text="After downtime: latest (default), none or all (at most 100)")
     enabled = serializers.BooleanField(required=False)
     start_at = serializers.DateTimeField(required=False, allow_null=True)

@@ -139,7 +139,8 @@ SPECTACULAR_SETTINGS = {
     "REDOC_DIST": "SIDECAR",
     "COMPONENT_SPLIT_REQUEST": True,
     "POSTPROCESSING_HOOKS": ["drf_spectacular.hooks.postprocess_schema_enums", "tasks.api.schema.postprocess"],
-    "ENUM_NAME_OVERRIDES": {"SignalStatusEnum": "signals.models.SignalStatus"},
+    "ENUM_NAME_OVERRIDES": {"SignalStatusEnum": "signals.models.SignalStatus",
+                            "CatchUpEnum": "schedules.models.CatchUp"},
 }
 
 # The queue's own settings, read through `valka.conf.valka_settings`.
