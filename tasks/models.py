@@ -6,7 +6,7 @@ from django.contrib.postgres.fields import ArrayField
 from django.db import models
 from django.db.models import Q
 
-from tasks.specs import MAX_NAME
+from tasks.specs import MAX_CONCURRENCY_KEY, MAX_NAME, RATE_PERIOD_RANGE
 from tasks.states import FINAL_STATES, TaskStatus
 from valka.ids import uuid7
 
@@ -53,6 +53,11 @@ class Task(models.Model):
     replayed_from_dead_letter = models.ForeignKey(
         "DeadLetter", null=True, blank=True, on_delete=models.DB_SET_NULL, related_name="+", db_index=False,
         help_text="The dead letter this task was replayed from.",
+    )
+    # Indexed only where set (see Meta.indexes): tasks without a key cost the indexes nothing.
+    concurrency_key = models.CharField(
+        max_length=MAX_CONCURRENCY_KEY, null=True, blank=True,
+        help_text="Tasks of one key share their queue's max_running_per_key, and keys take turns (docs/queues.md).",
     )
 
     class Meta:
@@ -102,6 +107,14 @@ class Task(models.Model):
                          condition=Q(replayed_from_task__isnull=False)),
             models.Index(fields=["replayed_from_dead_letter"], name="tasks_replayed_letter_idx",
                          condition=Q(replayed_from_dead_letter__isnull=False)),
+            # The fair claim of a queue with max_running_per_key (dispatcher/sql.py CLAIM_LIMITED): its
+            # keys with PENDING tasks, one probe each, and each key's due tasks in claim order; and
+            # what each key has running. Keyed tasks only: the others never enter them.
+            models.Index("queue", "concurrency_key", models.F("priority").desc(), "run_at", "id",
+                         name="tasks_key_pending_idx",
+                         condition=Q(status="PENDING") & Q(concurrency_key__isnull=False)),
+            models.Index(fields=["queue", "concurrency_key"], name="tasks_key_active_idx",
+                         condition=Q(status__in=["DISPATCHING", "RUNNING"]) & Q(concurrency_key__isnull=False)),
         ]
 
     def __str__(self) -> str:
@@ -245,6 +258,53 @@ class Worker(models.Model):
 
     def __str__(self) -> str:
         return f"{self.name or self.id} [{self.status}]"
+
+
+class Queue(models.Model):
+    """A queue's controls: pause, cluster-wide limits and fair shares by key (docs/queues.md).
+
+    A row is made for each queue when its first task or worker appears (tasks/sql/schema/queues.sql,
+    dispatcher/sql.py UPSERT_WORKER); a queue without one, or whose row sets nothing, has no
+    limits. The settings change through `tasks.services` only; the claim keeps the bookkeeping
+    below, under the row's lock.
+    """
+
+    name = models.CharField(primary_key=True, max_length=MAX_NAME)
+    paused = models.BooleanField(db_default=False)
+    paused_until = models.DateTimeField(null=True, blank=True, help_text="A pause ends by itself at this time.")
+    max_running = models.IntegerField(null=True, blank=True,
+                                      help_text="Most of its tasks DISPATCHING or RUNNING at once, cluster-wide.")
+    rate_limit = models.IntegerField(null=True, blank=True,
+                                     help_text="Most of its tasks started per rate_period_seconds, cluster-wide.")
+    rate_period_seconds = models.IntegerField(db_default=1)
+    max_running_per_key = models.IntegerField(null=True, blank=True,
+                                              help_text="Most tasks of one concurrency key running at once.")
+    description = models.TextField(blank=True, db_default="")
+    created_at = models.DateTimeField(db_default=models.functions.Now())
+    updated_at = models.DateTimeField(db_default=models.functions.Now())
+    # The claim's bookkeeping (dispatcher/sql.py CLAIM_LIMITED). The rate window: when starts were
+    # seen (each stamp no earlier than the starts it counts) and how many, and the tasks claimed
+    # and not yet seen started. And the fair claim's turn: the key it served last.
+    rate_stamps = ArrayField(models.DateTimeField(), null=True, blank=True)
+    rate_counts = ArrayField(models.IntegerField(), null=True, blank=True)
+    rate_pending = models.IntegerField(db_default=0)
+    key_cursor = models.TextField(null=True, blank=True)
+
+    class Meta:
+        db_table = "queues"
+        ordering = ["name"]
+        # Checked by the admin and the API on top of view permission (limits are `change_queue`).
+        permissions = [("pause_queue", "Can pause and resume queues")]
+        constraints = [
+            models.CheckConstraint(condition=Q(max_running__gte=1), name="queues_max_running_positive"),
+            models.CheckConstraint(condition=Q(rate_limit__gte=1), name="queues_rate_limit_positive"),
+            models.CheckConstraint(condition=Q(max_running_per_key__gte=1), name="queues_max_running_per_key_positive"),
+            models.CheckConstraint(condition=Q(rate_period_seconds__range=RATE_PERIOD_RANGE),
+                                   name="queues_rate_period_range"),
+        ]
+
+    def __str__(self) -> str:
+        return self.name
 
 
 class ApiKey(models.Model):

@@ -12,3 +12,8 @@ SIGNAL_SENT = "valka_signal_sent"
 TASK_EVENT = "valka_task_event"
 # Payload: run id. Sent when log lines of a run are stored (once per run per batch).
 TASK_LOG = "valka_task_log"
+# Payload: queue name. Sent when a queue's controls change (paused, resumed, limits set).
+QUEUE_CHANGED = "valka_queue_changed"
+# Payload: queue name. Sent by a trigger (tasks/sql/schema/queues.sql) when tasks of a queue with
+# max_running or max_running_per_key have ended: a slot is free for whichever node can claim.
+QUEUE_SLOT_FREED = "valka_queue_slot_freed"

@@ -29,6 +29,10 @@ from valka_sdk.limits import TIMEOUT_RANGE as TIMEOUT_RANGE
 # The names' and numbers' rules (valka_sdk.limits, so that clients check them before sending);
 # the models, the API's schema and the dispatcher's hello check import them from here.
 INT32_MIN, INT32_MAX = -(2**31), 2**31 - 1
+MAX_CONCURRENCY_KEY = 200
+# A queue's limits (tasks.models.Queue): counts of tasks, and the rate limit's period in seconds.
+LIMIT_RANGE = (1, INT32_MAX)
+RATE_PERIOD_RANGE = (1, 86400)
 # A \u0000 escape in JSON text (json.dumps writes NUL so), not a backslash-u that is itself escaped.
 _ESCAPED_NUL = re.compile(r"(?<!\\)(?:\\\\)*\\u0000")
 # Deeper JSON is refused: PostgreSQL, psycopg and the JSON renderer all recurse per level.
