@@ -30,11 +30,13 @@ async def _call(context: grpc.aio.ServicerContext, fn, *args, **kwargs):
 
 
 def create_task(request: api_pb2.CreateTaskRequest):
+    metadata, concurrency_key = protocol.split_concurrency_key(protocol.load_json("metadata", request.metadata))
     data = {
         "queue": request.queue_name,
         "task_name": request.task_name,
         "input": protocol.load_json("input", request.input),
-        "metadata": protocol.load_json("metadata", request.metadata),
+        "metadata": metadata,
+        "concurrency_key": concurrency_key,
         "priority": request.priority,
         # proto3 cannot tell 0 from unset: 0 means "the default".
         "max_retries": request.max_retries or None,

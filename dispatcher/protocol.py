@@ -36,6 +36,9 @@ MAX_MESSAGE = 16 * 1024 * 1024  # bytes of one gRPC message, either way: a bigge
 # Bytes of a task's output (JSON text): over it, the run fails. Below MAX_MESSAGE with room to spare,
 # so a result that carries one still fits in a message; the Python SDK refuses bigger outputs itself.
 MAX_OUTPUT = 15 * 1024 * 1024
+# valka.v1's CreateTaskRequest and TaskMeta have no field for a task's concurrency key: it travels
+# in their metadata under this reserved key (proto/valka-v1.md), and is kept apart from the metadata.
+CONCURRENCY_KEY = "valka.concurrency_key"
 
 LEVELS = {
     common_pb2.LOG_LEVEL_DEBUG: "DEBUG", common_pb2.LOG_LEVEL_INFO: "INFO",
@@ -212,13 +215,24 @@ def load_json(field: str, text: str) -> Any:
         raise ValidationError.field(field, "must be a JSON-encoded string") from None
 
 
+def split_concurrency_key(metadata: Any) -> tuple[Any, Any]:
+    """(the metadata without the reserved concurrency key, the key) of a CreateTaskRequest."""
+    if isinstance(metadata, dict) and CONCURRENCY_KEY in metadata:
+        metadata = dict(metadata)
+        return metadata, metadata.pop(CONCURRENCY_KEY)
+    return metadata, None
+
+
 def task_meta(task: Task) -> common_pb2.TaskMeta:
+    metadata = task.metadata if task.metadata is not None else {}
+    if task.concurrency_key is not None:
+        metadata = {**metadata, CONCURRENCY_KEY: task.concurrency_key}
     return common_pb2.TaskMeta(
         id=str(task.id), queue_name=task.queue, task_name=task.task_name,
         status=TO_PROTO_STATUS[TaskStatus(task.status)], priority=task.priority, max_retries=task.max_retries,
         attempt_count=task.attempt_count, timeout_seconds=task.timeout_seconds,
         idempotency_key=task.idempotency_key or "", input=dump_json(task.input),
-        metadata=dump_json(task.metadata if task.metadata is not None else {}), output=dump_json(task.output),
+        metadata=dump_json(metadata), output=dump_json(task.output),
         error_message=task.error_message or "", scheduled_at=rfc3339(task.run_at),
         created_at=rfc3339(task.created_at), updated_at=rfc3339(task.updated_at),
     )

@@ -208,6 +208,7 @@ class DeadLetter(models.Model):
     priority = models.IntegerField(null=True, blank=True)
     max_retries = models.IntegerField(null=True, blank=True)
     timeout_seconds = models.IntegerField(null=True, blank=True)
+    concurrency_key = models.CharField(max_length=MAX_CONCURRENCY_KEY, null=True, blank=True)
     created_at = models.DateTimeField(db_default=models.functions.Now())
     replayed_at = models.DateTimeField(null=True, blank=True)
     replay_task = models.ForeignKey(

@@ -41,6 +41,7 @@ def task_enqueue(
     idempotency_key: str | None = None,
     run_at: Any = None,
     id: uuid.UUID | str | None = None,
+    concurrency_key: str | None = None,
 ) -> Task:
     """Enqueue a task from Django code: the fast, in-process producer path.
 
@@ -61,6 +62,7 @@ def task_enqueue(
             "idempotency_key": idempotency_key,
             "run_at": run_at,
             "id": id,
+            "concurrency_key": concurrency_key,
         }
     )
     return task_create(spec=spec)[0]
@@ -225,6 +227,7 @@ def _insert_one(spec: TaskSpec, links: Mapping[str, Any]) -> Task | None:
         "idempotency_key": spec.idempotency_key, "input": spec.input_text(), "metadata": spec.metadata_text(),
         "run_at": spec.run_at, "replayed_from_task_id": links.get("replayed_from_task_id"),
         "replayed_from_dead_letter_id": links.get("replayed_from_dead_letter_id"),
+        "concurrency_key": spec.concurrency_key,
     }
     row = fetchone_prepared(producer.INSERT_TASK, params)
     if row is None:
@@ -253,7 +256,8 @@ def _rows_json(ids: list[str], specs: list[TaskSpec], links: Mapping[str, Any]) 
         f'{{"id":"{task_id}","task_name":{q(s.task_name)},"queue":{q(s.queue)},"priority":{int(s.priority)},'
         f'"max_retries":{int(s.max_retries)},"timeout_seconds":{int(s.timeout_seconds)},'
         f'"idempotency_key":{q(s.idempotency_key)},"input":{s.input_text() or "null"},'
-        f'"metadata":{s.metadata_text()},"run_at":{q(s.run_at.isoformat() if s.run_at else None)}{shared}}}'
+        f'"metadata":{s.metadata_text()},"run_at":{q(s.run_at.isoformat() if s.run_at else None)},'
+        f'"concurrency_key":{q(s.concurrency_key)}{shared}}}'
         for task_id, s in zip(ids, specs, strict=True)
     ) + "]"
 
@@ -292,6 +296,7 @@ def _new_task(task_id: uuid.UUID, spec: TaskSpec, run_at: Any, base: dict[str, A
     values["input"] = spec.input
     values["metadata"] = spec.metadata
     values["run_at"] = run_at
+    values["concurrency_key"] = spec.concurrency_key
     if init_heard:
         return Task.from_db(DEFAULT_DB_ALIAS, _TASK_FIELDS, [values[name] for name in _TASK_FIELDS])
     task = Task.__new__(Task)
@@ -362,7 +367,8 @@ def dead_letter_replay(*, dead_letter_id: uuid.UUID | str) -> Task:
     letter = selectors.dead_letter_get(dead_letter_id=dead_letter_id)
     spec = _replay_spec(task_name=letter.task_name, queue=letter.queue, input=letter.input,
                         metadata=letter.metadata, max_retries=letter.max_retries,
-                        timeout_seconds=letter.timeout_seconds, priority=letter.priority or 0)
+                        timeout_seconds=letter.timeout_seconds, priority=letter.priority or 0,
+                        concurrency_key=letter.concurrency_key)
     with transaction.atomic(), connection.cursor() as cursor:
         cursor.execute(lifecycle.CLAIM_DEAD_LETTER_REPLAY, {"id": letter.id, "seen": letter.replay_count})
         if cursor.fetchone() is None:  # replayed meanwhile (or deleted): that replay's task answers
@@ -389,23 +395,26 @@ def task_replay(*, task_id: uuid.UUID | str) -> Task:
         task_name=original.task_name, queue=original.queue, input=original.input,
         metadata=original.metadata, max_retries=original.max_retries,
         timeout_seconds=original.timeout_seconds, priority=original.priority,
-        replayed_from_task_id=original.id, replayed_from_dead_letter_id=letter.id if letter else None,
+        concurrency_key=original.concurrency_key, replayed_from_task_id=original.id,
+        replayed_from_dead_letter_id=letter.id if letter else None,
     )
 
 
 def _replay_spec(*, task_name: str, queue: str, input: Any, metadata: Any, max_retries: int | None,
-                 timeout_seconds: int | None, priority: int) -> TaskSpec:
+                 timeout_seconds: int | None, priority: int, concurrency_key: str | None) -> TaskSpec:
     return parse_task_spec({
         "task_name": task_name, "queue": queue, "input": input, "metadata": metadata or {},
         "max_retries": max_retries, "timeout_seconds": timeout_seconds, "priority": priority,
+        "concurrency_key": concurrency_key,
     })
 
 
 def _replay(*, task_name: str, queue: str, input: Any, metadata: Any, max_retries: int | None,
-            timeout_seconds: int | None, priority: int, replayed_from_task_id: Any,
+            timeout_seconds: int | None, priority: int, concurrency_key: str | None, replayed_from_task_id: Any,
             replayed_from_dead_letter_id: Any) -> Task:
     spec = _replay_spec(task_name=task_name, queue=queue, input=input, metadata=metadata,
-                        max_retries=max_retries, timeout_seconds=timeout_seconds, priority=priority)
+                        max_retries=max_retries, timeout_seconds=timeout_seconds, priority=priority,
+                        concurrency_key=concurrency_key)
     with transaction.atomic():
         ((task, _),) = _create([spec], {"replayed_from_task_id": replayed_from_task_id,
                                         "replayed_from_dead_letter_id": replayed_from_dead_letter_id})

@@ -54,6 +54,7 @@ class TaskSpec:
     idempotency_key: str | None = None
     run_at: datetime | None = None  # None: now
     id: uuid.UUID | None = None  # made by the client (a repeat answers the task it names); None: by the server
+    concurrency_key: str | None = None
     # `input` and `metadata` as JSON text, kept from validation so the insert does not encode them
     # again; None when the spec was built by hand.
     input_json: str | None = field(default=None, compare=False, repr=False)
@@ -264,6 +265,8 @@ def parse_task_spec(data: Any) -> TaskSpec:
         raise ValidationError.field("metadata", "must be a JSON object")
     metadata_json = check_json("metadata", metadata, limit) if metadata else "{}"
     idempotency_key = _text("idempotency_key", data.get("idempotency_key"), required=False)
+    concurrency_key = _text("concurrency_key", data.get("concurrency_key"), required=False,
+                            max_len=MAX_CONCURRENCY_KEY)
     priority = _int("priority", data.get("priority"), 0, INT32_MIN, INT32_MAX)
     max_retries = _int("max_retries", data.get("max_retries"), conf["MAX_RETRIES"], 0, MAX_RETRIES_LIMIT)
     timeout_seconds = _int(
@@ -283,6 +286,7 @@ def parse_task_spec(data: Any) -> TaskSpec:
         idempotency_key=idempotency_key,
         run_at=run_at if run_at is not None else scheduled_at,
         id=None if task_id is None else parse_task_id("id", task_id),
+        concurrency_key=concurrency_key,
         input_json=input_json,
         metadata_json=metadata_json,
     )

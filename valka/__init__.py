@@ -37,6 +37,7 @@ def enqueue(
     idempotency_key: str | None = None,
     run_at: datetime | str | None = None,
     id: UUID | str | None = None,
+    concurrency_key: str | None = None,
 ) -> Task:
     """Enqueue one task; it commits with the caller's transaction, NOTIFY included, or not at all.
 
@@ -48,7 +49,7 @@ def enqueue(
 
     return task_enqueue(task_name=task_name, queue=queue, input=input, metadata=metadata, priority=priority,
                         max_retries=max_retries, timeout_seconds=timeout_seconds,
-                        idempotency_key=idempotency_key, run_at=run_at, id=id)
+                        idempotency_key=idempotency_key, run_at=run_at, id=id, concurrency_key=concurrency_key)
 
 
 def enqueue_many(tasks: Iterable[Mapping[str, Any]]) -> list[Task]:

@@ -25,7 +25,7 @@ from tasks.admin.console import ConsoleAdmin, OptionalJSONField, badge, pretty_j
 from tasks.admin.filters import QueueFilter, TaskNameFilter
 from tasks.errors import ValkaError
 from tasks.models import DeadLetter, Task
-from tasks.specs import MAX_NAME
+from tasks.specs import MAX_CONCURRENCY_KEY, MAX_NAME
 from tasks.states import REPLAYABLE, TaskStatus, sources_of
 
 CANCELLABLE = frozenset(sources_of(TaskStatus.CANCELLED))
@@ -54,6 +54,8 @@ class TaskCreateForm(forms.Form):
     idempotency_key = forms.CharField(max_length=MAX_NAME, required=False,
                                       help_text="A second task with the same key is not created.")
     run_at = forms.DateTimeField(required=False, help_text="UTC, e.g. 2030-01-31 12:00; empty means now.")
+    concurrency_key = forms.CharField(max_length=MAX_CONCURRENCY_KEY, required=False,
+                                      help_text="Tasks of one key share the queue's limit per key.")
 
 
 @admin.register(Task)

@@ -12,7 +12,15 @@ from rest_framework import serializers
 
 from tasks.models import DeadLetter, Task, TaskLog, TaskRun, Worker
 from tasks.services import MAX_BATCH
-from tasks.specs import INT32_MAX, INT32_MIN, MAX_NAME, MAX_RETRIES_LIMIT, QUEUE_PATTERN, TIMEOUT_RANGE
+from tasks.specs import (
+    INT32_MAX,
+    INT32_MIN,
+    MAX_CONCURRENCY_KEY,
+    MAX_NAME,
+    MAX_RETRIES_LIMIT,
+    QUEUE_PATTERN,
+    TIMEOUT_RANGE,
+)
 from tasks.states import TaskStatus
 
 
@@ -32,7 +40,7 @@ class TaskSerializer(serializers.ModelSerializer):
             "id", "task_id", "task_name", "queue", "queue_name", "status", "priority", "max_retries",
             "attempt_count", "timeout_seconds", "idempotency_key", "input", "metadata", "output",
             "error_message", "run_at", "scheduled_at", "created_at", "updated_at", "started_at",
-            "finished_at", "replayed_from_task_id", "replayed_from_dead_letter_id",
+            "finished_at", "replayed_from_task_id", "replayed_from_dead_letter_id", "concurrency_key",
         ]
         read_only_fields = fields
 
@@ -75,6 +83,7 @@ class TaskData:
             "finished_at": task.finished_at and when(task.finished_at),
             "replayed_from_task_id": _uuid_text(task.replayed_from_task_id),
             "replayed_from_dead_letter_id": _uuid_text(task.replayed_from_dead_letter_id),
+            "concurrency_key": task.concurrency_key,
         }
 
 
@@ -101,6 +110,9 @@ class TaskCreateSerializer(serializers.Serializer):
     timeout_seconds = serializers.IntegerField(required=False, min_value=TIMEOUT_RANGE[0], max_value=TIMEOUT_RANGE[1])
     idempotency_key = serializers.CharField(required=False, allow_null=True, max_length=MAX_NAME)
     run_at = serializers.DateTimeField(required=False, allow_null=True)
+    concurrency_key = serializers.CharField(
+        required=False, allow_null=True, max_length=MAX_CONCURRENCY_KEY,
+        help_text="Tasks of one key share their queue's max_running_per_key, and keys take turns.")
     queue_name = serializers.CharField(required=False, help_text="Alias of queue.")
     scheduled_at = serializers.DateTimeField(required=False, allow_null=True, help_text="Alias of run_at.")
     id = serializers.UUIDField(required=False, allow_null=True,
@@ -151,7 +163,7 @@ class DeadLetterSerializer(serializers.ModelSerializer):
         model = DeadLetter
         fields = [
             "id", "task_id", "task_name", "queue", "queue_name", "input", "metadata", "error_message",
-            "attempt_count", "created_at", "replayed_at", "replay_task_id", "replay_count",
+            "attempt_count", "concurrency_key", "created_at", "replayed_at", "replay_task_id", "replay_count",
         ]
         read_only_fields = fields
 

@@ -72,6 +72,11 @@ class Migration(migrations.Migration):
             name='concurrency_key',
             field=models.CharField(blank=True, help_text="Tasks of one key share their queue's max_running_per_key, and keys take turns (docs/queues.md).", max_length=200, null=True),
         ),
+        migrations.AddField(
+            model_name='deadletter',
+            name='concurrency_key',
+            field=models.CharField(blank=True, max_length=200, null=True),
+        ),
         migrations.AddIndex(
             model_name='task',
             index=models.Index(models.F('queue'), models.F('concurrency_key'), models.OrderBy(models.F('priority'), descending=True), models.F('run_at'), models.F('id'), condition=models.Q(('status', 'PENDING'), ('concurrency_key__isnull', False)), name='tasks_key_pending_idx'),

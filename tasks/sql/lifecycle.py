@@ -60,9 +60,10 @@ WITH moved AS (
                     returning="*")}
 ), letters AS (
     INSERT INTO dead_letter_queue (id, task_id, task_name, queue, input, metadata, error_message,
-                                   attempt_count, priority, max_retries, timeout_seconds, created_at, replay_count)
+                                   attempt_count, priority, max_retries, timeout_seconds, concurrency_key,
+                                   created_at, replay_count)
     SELECT valka_uuid7(), id, task_name, queue, input, metadata, error_message, attempt_count,
-           priority, max_retries, timeout_seconds, now(), 0
+           priority, max_retries, timeout_seconds, concurrency_key, now(), 0
     FROM moved
     ON CONFLICT (task_id) DO NOTHING
     RETURNING task_id

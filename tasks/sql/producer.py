@@ -15,11 +15,12 @@ INSERT_TASK = f"""
 WITH ins AS (
     INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count,
                        timeout_seconds, idempotency_key, input, metadata, run_at,
-                       created_at, updated_at, replayed_from_task_id, replayed_from_dead_letter_id)
+                       created_at, updated_at, replayed_from_task_id, replayed_from_dead_letter_id,
+                       concurrency_key)
     VALUES (%(id)s, %(task_name)s, %(queue)s, 'PENDING', %(priority)s, %(max_retries)s, 0,
             %(timeout_seconds)s, %(idempotency_key)s, %(input)s::jsonb, %(metadata)s::jsonb,
             COALESCE(%(run_at)s, now()), now(), now(), %(replayed_from_task_id)s,
-            %(replayed_from_dead_letter_id)s)
+            %(replayed_from_dead_letter_id)s, %(concurrency_key)s)
     ON CONFLICT DO NOTHING
     RETURNING queue, run_at, created_at
 )
@@ -41,14 +42,16 @@ INSERT_TASKS = f"""
 WITH ins AS (
     INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count,
                        timeout_seconds, idempotency_key, input, metadata, run_at,
-                       created_at, updated_at, replayed_from_task_id, replayed_from_dead_letter_id)
+                       created_at, updated_at, replayed_from_task_id, replayed_from_dead_letter_id,
+                       concurrency_key)
     SELECT i.id, i.task_name, i.queue, 'PENDING', i.priority, i.max_retries, 0,
            i.timeout_seconds, i.idempotency_key, i.input, i.metadata,
-           COALESCE(i.run_at, now()), now(), now(), i.replayed_from_task_id, i.replayed_from_dead_letter_id
+           COALESCE(i.run_at, now()), now(), now(), i.replayed_from_task_id, i.replayed_from_dead_letter_id,
+           i.concurrency_key
     FROM jsonb_to_recordset(%(tasks)s::jsonb)
          AS i(id uuid, task_name text, queue text, priority int, max_retries int, timeout_seconds int,
               idempotency_key text, input jsonb, metadata jsonb, run_at timestamptz,
-              replayed_from_task_id uuid, replayed_from_dead_letter_id uuid)
+              replayed_from_task_id uuid, replayed_from_dead_letter_id uuid, concurrency_key text)
     ORDER BY i.idempotency_key, i.id
     ON CONFLICT DO NOTHING
     RETURNING id, queue, run_at

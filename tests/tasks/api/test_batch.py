@@ -315,7 +315,8 @@ def test_task_data_matches_the_task_serializer():
     from tests.factories import TaskFactory
 
     created = services.task_enqueue(task_name="t", queue="q", input={"b": 1, "a": [1.5, None]},
-                                    metadata={"m": "x"}, idempotency_key="k", run_at="2030-01-01T02:00:00+02:00")
+                                    metadata={"m": "x"}, idempotency_key="k", run_at="2030-01-01T02:00:00+02:00",
+                                    concurrency_key="customer-1")
     finished = TaskFactory(status="COMPLETED", output={"ok": True}, error_message="e", attempt_count=1,
                            started_at=datetime(2026, 1, 1, tzinfo=UTC), finished_at=datetime.now(UTC))
     replay = services.task_replay(task_id=TaskFactory(status="FAILED", finished_at=datetime.now(UTC)).id)
@@ -330,7 +331,8 @@ def test_a_task_alone_and_in_a_batch_make_the_same_row():
     """A task alone takes a statement of its own (faster than a batch of one: docs/performance.md).
     Both statements write the same row, and the Task each hands back is the row as read."""
     item = {"task_name": "same", "queue": "q", "input": {"a": [1, "é", None]}, "metadata": {"m": 1},
-            "priority": 7, "max_retries": 2, "timeout_seconds": 30, "run_at": "2030-01-01T00:00:00+02:00"}
+            "priority": 7, "max_retries": 2, "timeout_seconds": 30, "run_at": "2030-01-01T00:00:00+02:00",
+            "concurrency_key": "customer-7"}
     alone, created = services.task_create(spec=parse_task_spec({**item, "idempotency_key": "alone"}))
     specs = [parse_task_spec({**item, "idempotency_key": "batched"}), parse_task_spec({"task_name": "x", "queue": "q"})]
     (batched, created_too), _ = services.task_create_many(specs=specs)

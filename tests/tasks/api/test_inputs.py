@@ -117,6 +117,7 @@ def test_queue_names_outside_the_safe_charset_are_refused(client_api):
     ({"task_name": "t", "queue": "q", "input": {"deep": [{"x": "\x00"}]}}, "input"),
     ({"task_name": "t", "queue": "q", "input": {"key\x00": 1}}, "input"),
     ({"task_name": "t", "queue": "q", "metadata": {"m": "\x00"}}, "metadata"),
+    ({"task_name": "t", "queue": "q", "concurrency_key": "k\x00"}, "concurrency_key"),
 ])
 def test_nul_is_refused_naming_the_field(client_api, body, field):
     assert_refused(post(client_api, body), 400, field)
