@@ -12,6 +12,14 @@ at most, and it claims for all of them at once. The workers keep three
 quarters of their slots busy meanwhile. Any other wake-up (a new task, a new
 worker) ends the wait, and an idle worker's slots are all free: a new task is
 claimed at once.
+
+A queue with controls (docs/queues.md; what this node knows of them is `controls`) is claimed
+with CLAIM_LIMITED, one claim of it at a time across the cluster, or not at all while paused.
+Its claim says when to look again: its rate window's next opening (a timer here), or, with a
+running limit, the NOTIFY valka_queue_slot_freed that a task's written end sends (a result here
+frees no slot of such a queue before then). A rate-limited queue is claimed again once the
+tasks of its last claim have started, which keeps the window's stamps close to the starts.
+The claims a limit held back are counted, and written at most once a second.
 """
 
 from __future__ import annotations
@@ -19,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from datetime import datetime
@@ -28,6 +37,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher import protocol, sql
+from dispatcher.controls import LIMITED, PAUSED, QueueControls
 from dispatcher.session import InFlight, SessionRegistry, WorkerSession
 from valka.ids import uuid7_text_many
 
@@ -41,15 +51,37 @@ class ClaimerSettings:
     max_batch: int = 500  # tasks per claim statement
     gather: float = 0.010  # seconds a pass for freed slots may wait for more (see the module's docstring)
     floor_ttl: float = 1.0  # seconds a claim floor lasts (see Floor)
+    limited_every: float = 1.0  # seconds between writes of the claims a limit held back
 
 
 async def claim(conn: AsyncConnection, *, queue: str, limit: int, node_id: str,
-                after: tuple | None = None) -> list[tuple]:
+                after: tuple | None = None) -> list[tuple] | None:
     """Run CLAIM on a claim connection, as a prepared statement from the first claim on;
-    `after` is where to start (see `Floor`)."""
+    `after` is where to start (see `Floor`). None: the queue has controls, CLAIM_LIMITED's."""
     cur = await conn.execute(sql.CLAIM, sql.claim_params(queue=queue, limit=limit, node_id=node_id, after=after),
                              prepare=True)
-    return await cur.fetchall()
+    rows = await cur.fetchall()
+    return None if rows and rows[0][0] is None else rows
+
+
+@dataclass(frozen=True)
+class Limited:
+    """What CLAIM_LIMITED answered besides the tasks."""
+
+    state: str  # limited; open (no controls any more), paused, missing (no row): read the controls again
+    held: str | None  # the limit that held the claim back, if one did
+    retry_in: float | None  # seconds until the rate window lets a task start, while it lets none
+    again: bool  # keys had more than their share: claim again
+
+
+async def claim_limited(conn: AsyncConnection, *, queue: str, limit: int, node_id: str) -> tuple[list[tuple], Limited]:
+    """LOCK_QUEUE then CLAIM_LIMITED, in one transaction (prepared, as `claim`)."""
+    params = {"queue": queue, "limit": limit, "node_id": node_id}
+    async with conn.transaction():
+        await conn.execute(sql.LOCK_QUEUE, params, prepare=True)
+        rows = await (await conn.execute(sql.CLAIM_LIMITED, params, prepare=True)).fetchall()
+    *tasks, answer = rows
+    return [row[:9] for row in tasks], Limited(*answer[9:13])
 
 
 @dataclass(frozen=True)
@@ -82,11 +114,13 @@ class Claimer:
     `unsend(task_ids)` puts back tasks claimed for sessions that closed before they got them."""
 
     def __init__(self, *, pool: AsyncConnectionPool, sessions: SessionRegistry, settings: ClaimerSettings,
-                 unsend: Callable[[list[str]], None], room: asyncio.Event | None = None) -> None:
+                 unsend: Callable[[list[str]], None], room: asyncio.Event | None = None,
+                 controls: QueueControls | None = None) -> None:
         self.pool = pool
         self.sessions = sessions
         self.settings = settings
         self.unsend = unsend
+        self.controls = controls or QueueControls(max_age=settings.poll_interval)
         # Set while the writer can take more (dispatcher.writer.Writer.room): a task claimed now
         # would add a start and, soon, a result to a full buffer.
         self.room = room
@@ -97,6 +131,10 @@ class Claimer:
         self._turn = itertools.count()
         self._floors: dict[str, Floor] = {}
         self._gathering = False
+        self._retry_at: dict[str, float] = {}  # when a rate-limited queue's window opens again
+        self._limited: Counter[tuple[str, str]] = Counter()  # (queue, limit): claims held back, not yet written
+        self._limited_at = 0.0
+        self._waiters: set[asyncio.Task] = set()
 
     def wake(self, queue: str | None = None) -> None:
         if queue is None:
@@ -106,10 +144,20 @@ class Claimer:
         self._urgent = True
         self._wake.set()
 
+    def queue_changed(self, queue: str) -> None:
+        """A queue's controls changed (NOTIFY valka_queue_changed): read them again, and claim."""
+        self.controls.forget()
+        self.wake(queue)
+
     def freed(self, queue: str) -> None:
-        """A slot of `queue` was freed (a result came back). While a gather waits for more, only
-        the slot that makes a quarter free ends it: waking it for each result cost more than the
-        claim it waits for."""
+        """A slot of `queue` was freed (a result came back). A queue held to a running limit counts
+        its task until the result is written: `slot_freed` comes then."""
+        if not self.controls.counted(queue):
+            self.slot_freed(queue)
+
+    def slot_freed(self, queue: str) -> None:
+        """A slot of `queue` is free. While a gather waits for more, only the slot that makes a
+        quarter free ends it: waking it for each result cost more than the claim it waits for."""
         self._queues.add(queue)
         if not (self._gathering and self._few_free((queue,))):
             self._wake.set()
@@ -135,14 +183,33 @@ class Claimer:
         finally:
             self._gathering = False
 
+    def _next_timer(self) -> float | None:
+        """When the next rate window opens or pause ends, on the loop's clock."""
+        times = [*self._retry_at.values(), self.controls.next_resume() or float("inf")]
+        first = min(times)
+        return None if first == float("inf") else first
+
+    def _fire_timers(self) -> None:
+        now = asyncio.get_running_loop().time()
+        due = [q for q, at in self._retry_at.items() if at <= now]
+        for queue in due:
+            del self._retry_at[queue]
+        for queue in due + self.controls.resume_due():
+            self.wake(queue)
+
     async def run(self, stop: asyncio.Event) -> None:
         poll = self.settings.poll_interval
         backoff = 0.1
+        loop = asyncio.get_running_loop()
         while not stop.is_set():
+            timer = self._next_timer()
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=poll)
+                await asyncio.wait_for(self._wake.wait(),
+                                       timeout=poll if timer is None else min(poll, max(timer - loop.time(), 0.0)))
             except TimeoutError:
-                self._everything = self._urgent = True
+                if timer is None or timer - loop.time() > 0.001:
+                    self._everything = self._urgent = True
+            self._fire_timers()
             if stop.is_set():
                 return
             if self.room is not None and not self.room.is_set():
@@ -156,8 +223,12 @@ class Claimer:
             queues = served if self._everything else self._queues & served
             self._everything, self._queues, self._urgent = False, set(), False
             try:
+                if self.controls.stale():
+                    async with self.pool.connection() as conn:
+                        await self.controls.read(conn)
                 for queue in sorted(queues):
                     await self.claim_queue(queue)
+                await self._write_limited()
                 backoff = 0.1
             except Exception:
                 log.exception("dispatcher: claiming failed; retrying in %.1fs", backoff)
@@ -172,7 +243,12 @@ class Claimer:
         free = sum(s.free_slots() for s in sessions)
         if free <= 0:
             return 0
+        mode = self.controls.mode(queue)
+        if mode == PAUSED:
+            return 0
         limit = min(free, self.settings.max_batch)
+        if mode == LIMITED:
+            return await self._claim_limited(queue, limit, sessions)
         now = asyncio.get_running_loop().time()
         floor = self._floors.pop(queue, None)
         if floor is not None and now - floor.since > self.settings.floor_ttl:
@@ -180,9 +256,12 @@ class Claimer:
         node_id = self.settings.node_id
         async with self.pool.connection() as conn:
             rows = await claim(conn, queue=queue, limit=limit, node_id=node_id, after=floor and floor.start)
+            if rows is None:  # the queue has controls since they were read
+                self.queue_changed(queue)
+                return 0
             full = len(rows) == limit
             if floor is not None and not full:  # the backlog ahead is claimed: look behind the floor too
-                rows += await claim(conn, queue=queue, limit=limit - len(rows), node_id=node_id)
+                rows += await claim(conn, queue=queue, limit=limit - len(rows), node_id=node_id) or []
         if full:
             last = rows[-1]
             self._floors[queue] = Floor((last[7], last[8], last[0]), floor.since if floor else now)
@@ -193,12 +272,58 @@ class Claimer:
             self.wake(queue)  # slots are still free and there may be more tasks where these came from
         return len(rows)
 
-    def _distribute(self, queue: str, rows: list[tuple], sessions: list[WorkerSession]) -> None:
+    async def _claim_limited(self, queue: str, limit: int, sessions: list[WorkerSession]) -> int:
+        async with self.pool.connection() as conn:
+            rows, answer = await claim_limited(conn, queue=queue, limit=limit, node_id=self.settings.node_id)
+        if answer.state != LIMITED:
+            self.queue_changed(queue)
+        if answer.held is not None:
+            self._limited[(queue, answer.held)] += 1
+        if answer.retry_in is not None:
+            self._retry_at[queue] = asyncio.get_running_loop().time() + answer.retry_in
+        if not rows:
+            return 0
+        entries = self._distribute(queue, rows, sessions)
+        if self.controls.rated(queue) and entries:
+            self._wake_when_started(queue, entries)
+        if answer.again or len(rows) == self.settings.max_batch:
+            self.wake(queue)
+        return len(rows)
+
+    def _wake_when_started(self, queue: str, entries: list[InFlight]) -> None:
+        """Claim `queue` again once `entries` have started (or 5 s on): that claim stamps their
+        starts in the rate window (dispatcher/sql.py CLAIM_LIMITED)."""
+        async def wait() -> None:
+            await asyncio.wait([e.started for e in entries], timeout=5.0)
+            self.wake(queue)
+
+        waiter = asyncio.get_running_loop().create_task(wait())
+        self._waiters.add(waiter)
+        waiter.add_done_callback(self._waiters.discard)
+
+    async def _write_limited(self) -> None:
+        """The claims a limit held back since the last write, at most once per `limited_every`."""
+        now = asyncio.get_running_loop().time()
+        if not self._limited or now - self._limited_at < self.settings.limited_every:
+            return
+        counts, self._limited = self._limited, Counter()
+        self._limited_at = now
+        try:
+            async with self.pool.connection() as conn:
+                await conn.execute(sql.RECORD_LIMITED, {"queues": [q for q, _ in counts],
+                                                        "reasons": [r for _, r in counts],
+                                                        "counts": list(counts.values())})
+        except BaseException:
+            self._limited.update(counts)
+            raise
+
+    def _distribute(self, queue: str, rows: list[tuple], sessions: list[WorkerSession]) -> list[InFlight]:
         start = next(self._turn)
         unsent: list[str] = []
         order = sessions[start % len(sessions):] + sessions[: start % len(sessions)]
         ring = itertools.cycle(order)
         run_ids = iter(uuid7_text_many(len(rows)))
+        entries = []
         for task_id, task_name, _q, payload, metadata, attempt, timeout, _prio, _run_at in rows:
             session = None
             for _ in range(len(order)):
@@ -213,5 +338,7 @@ class Claimer:
             session.reserve(entry)
             session.send(protocol.assignment(entry, task_name=task_name, payload=payload, metadata=metadata,
                                              timeout_seconds=timeout), entry)
+            entries.append(entry)
         if unsent:
             self.unsend(unsent)
+        return entries

@@ -106,6 +106,7 @@ class SessionHandler:
                 "concurrency": session.concurrency, "node_id": self.settings.node_id,
                 "session_id": session.session_id, "metadata": session.metadata,
             })
+            await conn.execute(sql.ENSURE_QUEUES, {"queues": list(session.queues)})
         for run_id, task_id, queue, attempt in adopted:
             session.adopt(InFlight(task_id=task_id, run_id=run_id, queue=queue, attempt=attempt, sent=True))
         self.sessions.add(session)

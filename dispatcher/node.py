@@ -6,7 +6,8 @@ claimed with FOR UPDATE SKIP LOCKED and moved by guarded updates only.
 
 The parts, each built from what it uses (see docs/architecture.md):
 - `sessions`: the worker sessions of this node (dispatcher.session);
-- `claimer`: hands due tasks to sessions with free slots, on pools of its own (dispatcher.claimer);
+- `claimer`: hands due tasks to sessions with free slots, on pools of its own (dispatcher.claimer),
+  as the queues' controls allow (dispatcher.controls);
 - `writer`: writes starts, results, heartbeats and logs in batches (dispatcher.writer);
 - `relay`: signals and cancellations to the workers holding their tasks (dispatcher.relay);
 - `handler`: opens and closes sessions and takes their messages (dispatcher.handler);
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 
 from dispatcher import protocol, sql
 from dispatcher.claimer import Claimer, ClaimerSettings
+from dispatcher.controls import QueueControls
 from dispatcher.handler import HandlerSettings, SessionHandler
 from dispatcher.keepalive import Keepalive
 from dispatcher.relay import Relay
@@ -38,7 +40,7 @@ from dispatcher.session import SessionRegistry
 from dispatcher.sweep import Sweep
 from dispatcher.writer import Writer, WriterSettings
 from tasks.live import Fanout
-from tasks.notify import SIGNAL_SENT, TASK_CANCELLED, TASK_READY
+from tasks.notify import QUEUE_CHANGED, QUEUE_SLOT_FREED, SIGNAL_SENT, TASK_CANCELLED, TASK_READY
 from tasks.retry import RetryPolicy
 from valka.conf import valka_settings
 from valka.db import conninfo, make_pool
@@ -93,7 +95,7 @@ class DispatcherNode:
                              settings=WriterSettings(node_id=s.node_id, lease_extension=s.lease_extension,
                                                      retry_params=s.retry_params, buffer_bytes=s.buffer_bytes))
         self.claimer = Claimer(pool=self.claim_pool, sessions=self.sessions, unsend=self.writer.unsend,
-                               room=self.writer.room,
+                               room=self.writer.room, controls=QueueControls(max_age=s.poll_interval),
                                settings=ClaimerSettings(node_id=s.node_id, poll_interval=s.poll_interval))
         self.handler = SessionHandler(pool=self.pool, sessions=self.sessions, writer=self.writer,
                                       claimer=self.claimer,
@@ -111,6 +113,8 @@ class DispatcherNode:
         self.listener = Listener(
             conninfo(application_name=f"{sql.LISTEN_APPLICATION} {s.node_id}", direct=True),
             {TASK_READY: self.claimer.wake,
+             QUEUE_CHANGED: self.claimer.queue_changed,
+             QUEUE_SLOT_FREED: self.claimer.slot_freed,
              TASK_CANCELLED: lambda task_id: self.relay.cancel(task_id, "task cancelled"),
              SIGNAL_SENT: self.relay.on_signal},
             on_reconnect=self._on_listen_reconnect,
@@ -122,6 +126,7 @@ class DispatcherNode:
 
     def _on_listen_reconnect(self) -> None:
         """Notifications sent while the LISTEN connection was down are lost: look at the rows."""
+        self.claimer.controls.forget()
         self.claimer.wake(None)
         self.sweep.wake()
 

@@ -5,7 +5,12 @@ Each runs once per batch, never once per message. Status changes are built by
 """
 
 from tasks.notify import TASK_LOG, TASK_READY
+from tasks.sql.queues import CONTROLLED, PAUSED_NOW
 from tasks.states import TaskStatus, guarded_update
+
+# What a claim answers for each task it claimed (dispatcher.claimer reads them in this order).
+CLAIMED = ("id::text, task_name, queue, input::text, metadata::text, attempt_count + 1 AS attempt_number, "
+           "timeout_seconds, priority, run_at")
 
 # -- The claim connections' settings (they run CLAIM and nothing else). --
 # A claim is a few index probes and an update by address, whatever the table holds. A queue
@@ -38,16 +43,33 @@ CLAIM_SESSION = ("SET enable_seqscan = off; SET enable_hashjoin = off; "
 # changes plans only, never results or durability.
 WRITER_SESSION = "SET enable_seqscan = off"
 
-# -- Claim up to %(limit)s due PENDING tasks of one queue: highest priority, then due time, then age. --
+# -- A queue's PENDING priorities, one index probe each, lowest first; the last row is NULL. A
+# recursive CTE, `priorities(priority)`, for a `WITH RECURSIVE` statement over %(queue)s. --
+# The probes read each priority's newest entry, from the lowest priority up: the oldest entries
+# of a range are mostly those of tasks claimed since the last vacuum (an update leaves the old
+# entry behind), and a probe from that end would walk past them all.
+PRIORITIES = """priorities(priority) AS (
+    (SELECT priority FROM tasks WHERE status = 'PENDING' AND queue = %(queue)s ORDER BY priority LIMIT 1)
+    UNION ALL
+    SELECT (SELECT t.priority FROM tasks t
+            WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.priority > p.priority
+            ORDER BY t.priority LIMIT 1)
+    FROM priorities p WHERE p.priority IS NOT NULL
+)"""
+
+# -- Claim up to %(limit)s due PENDING tasks of a queue without controls: highest priority, then due time, then age. --
+# The queue must have no controls (its row, if it has one, neither paused nor limited: `open`, one
+# probe of the queues table): a queue that has them is claimed by CLAIM_LIMITED. A dispatcher picks
+# the statement from what it last read of the queue's row (dispatcher.controls); should the row have
+# changed since, this statement claims nothing and answers one row whose id is NULL, and the
+# dispatcher rereads the row.
 # Priority by priority: the queue's PENDING priorities are found one index probe each
-# (`priorities`), then claimed from, highest first; within one priority the due tasks are a range
+# (PRIORITIES), then claimed from, highest first; within one priority the due tasks are a range
 # of tasks_queue_status_idx (queue, status, priority DESC, run_at, id) that ends at the first task
-# not yet due. The probes read each priority's newest entry, from the lowest priority up: the
-# oldest entries of a range are mostly those of tasks claimed since the last vacuum (an update
-# leaves the old entry behind), and a probe from that end would walk past them all. A single
-# scan of the queue in claim order would read past every future-scheduled task of a priority
-# before giving up on it: with many tasks scheduled for later and few due, every claim read
-# them all. The scans stop at the limit; only the claimed rows are sorted, into claim order.
+# not yet due. A single scan of the queue in claim order would read past every future-scheduled
+# task of a priority before giving up on it: with many tasks scheduled for later and few due,
+# every claim read them all. The scans stop at the limit; only the claimed rows are sorted, into
+# claim order.
 # Within the priority %(after_priority)s the due range starts after (%(after_run_at)s, %(after_id)s)
 # when they are given: the last task this node claimed there, while a backlog lasts. The range
 # before it holds mostly the entries claimed tasks left behind, which every claim would otherwise
@@ -63,14 +85,9 @@ WRITER_SESSION = "SET enable_seqscan = off"
 # they cannot move): joined on id, the planner, trusting stale statistics right after a bulk
 # insert, walked the whole PENDING index for every picked row.
 CLAIM = """
-WITH RECURSIVE priorities(priority) AS (
-    (SELECT priority FROM tasks WHERE status = 'PENDING' AND queue = %(queue)s ORDER BY priority LIMIT 1)
-    UNION ALL
-    SELECT (SELECT t.priority FROM tasks t
-            WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.priority > p.priority
-            ORDER BY t.priority LIMIT 1)
-    FROM priorities p WHERE p.priority IS NOT NULL
-), picked AS MATERIALIZED (
+WITH RECURSIVE open AS MATERIALIZED (
+    SELECT NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = %(queue)s AND """ + CONTROLLED + """) AS yes
+), """ + PRIORITIES + """, picked AS MATERIALIZED (
     SELECT due.ctid
     FROM (SELECT priority FROM priorities WHERE priority IS NOT NULL ORDER BY priority DESC) p
     CROSS JOIN LATERAL (
@@ -82,6 +99,7 @@ WITH RECURSIVE priorities(priority) AS (
                    ELSE '00000000-0000-0000-0000-000000000000' END)
         ORDER BY t.run_at, t.id LIMIT %(limit)s FOR UPDATE SKIP LOCKED
     ) due
+    WHERE (SELECT yes FROM open)
     LIMIT %(limit)s
 ), claimed AS (
     """ + guarded_update(
@@ -89,13 +107,14 @@ WITH RECURSIVE priorities(priority) AS (
     sources=[TaskStatus.PENDING],
     where="ctid = ANY(ARRAY(SELECT ctid FROM picked))",
     set="claimed_by = %(node_id)s",
-    returning="id::text, task_name, queue, input::text, metadata::text, attempt_count + 1 AS attempt_number, "
-              "timeout_seconds, priority, run_at",
+    returning=CLAIMED,
 ) + """
 )
-SELECT * FROM claimed
-WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
-ORDER BY priority DESC, run_at, id
+(SELECT * FROM claimed
+ WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
+ ORDER BY priority DESC, run_at, id)
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE NOT (SELECT yes FROM open)
 """
 
 
@@ -104,6 +123,216 @@ def claim_params(*, queue: str, limit: int, node_id: str, after: tuple | None = 
     priority, run_at, task_id = after if after is not None else (None, None, None)
     return {"queue": queue, "limit": limit, "node_id": node_id, "after_priority": priority,
             "after_run_at": run_at, "after_id": task_id}
+
+
+# ---------------------------------------------------------------- queues with controls
+# (docs/queues.md says what each control does; this is how the claim keeps them.)
+
+# -- Which queues have controls, as a dispatcher caches them (dispatcher.controls): paused (for how
+# many more seconds, when the pause has an end), held to a running limit, or to a rate. --
+QUEUE_CONTROLS = f"""
+SELECT q.name, {PAUSED_NOW} AS paused, EXTRACT(EPOCH FROM q.paused_until - now())::float8 AS resumes_in,
+       q.max_running IS NOT NULL OR q.max_running_per_key IS NOT NULL AS counted,
+       q.rate_limit IS NOT NULL AS rated
+FROM queues q
+WHERE {CONTROLLED}
+"""
+
+# -- A hello names the queues a worker serves: each gets its row if it has none (tasks/sql/schema/queues.sql). --
+ENSURE_QUEUES = "SELECT valka_queues_ensure(%(queues)s::text[])"
+
+# -- The first statement of a limited claim's transaction: lock the queue's row until the claim
+# commits, so that the claims of one limited queue run one at a time, whichever dispatcher makes
+# them; and let the transaction commit without waiting for the WAL flush, as CLAIM does. --
+# CLAIM_LIMITED counts in a statement of its own, whose snapshot is taken once the lock is held:
+# it sees every claim committed before it (a count made in the locking statement would see the
+# table as it was before the wait).
+LOCK_QUEUE = """
+SELECT set_config('synchronous_commit', 'off', true) FROM queues WHERE name = %(queue)s FOR NO KEY UPDATE
+"""
+
+# -- Claim up to %(limit)s due tasks of a queue with controls, after LOCK_QUEUE, in its transaction. --
+# What the queue allows (`allowance`) is the least of:
+# - nothing while it is paused;
+# - max_running less its tasks DISPATCHING or RUNNING (`active`, counted in tasks_queue_status_idx
+#   up to max_running): claims are counted under the lock, and a task ends only by leaving those
+#   statuses, so no number of dispatchers can take the queue past its limit;
+# - rate_limit less the starts of the last rate_period_seconds and the tasks claimed but not yet
+#   started (`rate_window`, `unstarted`). A sliding window, exact for the runs' started_at: the row
+#   keeps stamps (`rate_stamps`, `rate_counts`), each no earlier than the starts it counts. Each
+#   claim stamps the tasks that the claim before it left unstarted (`rate_pending`) and that have
+#   left DISPATCHING since: they started (or went back unsent: counted all the same) before this
+#   statement's clock, read after its snapshot. Stamps are rounded up to a 64th of the period, so
+#   the row keeps at most about 65 of them; a start counts until its stamp is a period old.
+#   The dispatcher claims again once its claimed tasks have started (dispatcher.claimer), which
+#   keeps stamps a few milliseconds behind the starts. `retry_in` says when the window next lets a
+#   task start, while it lets none.
+# Without max_running_per_key the due tasks are picked as CLAIM picks them (`plain`). With it,
+# the keys take turns (`fair`): the keys with PENDING tasks are found one probe each of
+# tasks_key_pending_idx (`keys`), from the key after the last one served (`key_cursor`) round to
+# it again, at most the allowance and 16 more; each key's running tasks are counted up to the limit
+# in tasks_key_active_idx (`key_rooms`), and a key with room offers its first due tasks, up to an
+# equal share of the allowance (`keyed`), as do the tasks without a key, found among the queue's
+# first due tasks, as many as the allowance and 16 more (`unkeyed`: no index holds them apart).
+# The picks go round by round: each key's first task, then each key's second, and so on; the turn
+# moves on to the last key served. When a key's share left the claim short while another key had
+# more, it says so (`again`) and the dispatcher claims once more.
+# Either pick reads one task more than it may claim: if it finds one, a limit held the claim back
+# (`held`, counted in valka_queue_limited_total); so does a key found at its limit. The picked rows
+# are moved by their address, by a guarded update that skips any a cancel moved meanwhile; only
+# this transaction claims the queue.
+# The tasks answer first, as CLAIM answers them, then one row with `state` (limited; open: the queue
+# has no controls any more, CLAIM serves it; paused; missing: it has no row), `held`, `retry_in`
+# and `again`.
+CLAIM_LIMITED = """
+WITH RECURSIVE queue AS MATERIALIZED (
+    SELECT q.*, """ + PAUSED_NOW + """ AS paused_now, """ + CONTROLLED + """ AS controlled,
+           clock_timestamp() AS at, make_interval(secs => q.rate_period_seconds) AS period
+    FROM queues q WHERE q.name = %(queue)s
+), active AS MATERIALIZED (
+    SELECT count(*)::int AS n FROM (
+        SELECT 1 FROM tasks t
+        WHERE t.queue = %(queue)s AND t.status IN ('DISPATCHING', 'RUNNING')
+          AND (SELECT max_running FROM queue) IS NOT NULL
+        LIMIT (SELECT max_running FROM queue)) a
+), unstarted AS MATERIALIZED (
+    SELECT count(*)::int AS n FROM tasks t
+    WHERE t.queue = %(queue)s AND t.status = 'DISPATCHING' AND (SELECT rate_limit FROM queue) IS NOT NULL
+), rate_window AS MATERIALIZED (
+    SELECT array_agg(stamp ORDER BY stamp) AS stamps, array_agg(n ORDER BY stamp) AS counts,
+           COALESCE(sum(n), 0)::int AS started
+    FROM (SELECT stamp, sum(n)::int AS n FROM (
+              SELECT s.stamp, s.n FROM queue q, unnest(q.rate_stamps, q.rate_counts) AS s(stamp, n)
+              WHERE s.stamp > q.at - q.period
+              UNION ALL
+              SELECT to_timestamp(ceil(EXTRACT(EPOCH FROM q.at) * 64 / q.rate_period_seconds)
+                                  * q.rate_period_seconds / 64), q.rate_pending - u.n
+              FROM queue q, unstarted u
+              WHERE q.rate_limit IS NOT NULL AND q.rate_pending > u.n
+          ) seen GROUP BY stamp) w
+), rooms AS MATERIALIZED (
+    SELECT q.paused_now, q.controlled, q.max_running - a.n AS running_room,
+           q.rate_limit - w.started - u.n AS rate_room, q.max_running_per_key AS per_key
+    FROM queue q, active a, unstarted u, rate_window w
+), allowance AS MATERIALIZED (
+    -- Nothing when the queue has no row.
+    SELECT COALESCE(CASE WHEN r.paused_now THEN 0 ELSE GREATEST(LEAST(%(limit)s, r.running_room, r.rate_room), 0) END,
+                    0) AS n,
+           CASE WHEN r.paused_now THEN NULL
+                WHEN r.running_room < %(limit)s AND r.running_room <= COALESCE(r.rate_room, r.running_room)
+                    THEN 'max_running'
+                WHEN r.rate_room < %(limit)s THEN 'rate_limit' END AS reason,
+           COALESCE(r.per_key IS NOT NULL AND NOT r.paused_now, false) AS fair
+    FROM (VALUES (1)) one LEFT JOIN rooms r ON true
+), """ + PRIORITIES + """, plain AS MATERIALIZED (
+    SELECT due.ctid, p.priority, due.run_at, due.id, NULL::text AS key, 1::bigint AS round, 0 AS turn
+    FROM (SELECT priority FROM priorities WHERE priority IS NOT NULL ORDER BY priority DESC) p
+    CROSS JOIN LATERAL (
+        SELECT t.ctid, t.run_at, t.id FROM tasks t
+        WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.priority = p.priority AND t.run_at <= now()
+        ORDER BY t.run_at, t.id LIMIT (SELECT n + 1 FROM allowance)
+    ) due
+    WHERE EXISTS (SELECT 1 FROM rooms WHERE NOT paused_now) AND NOT (SELECT fair AND n > 0 FROM allowance)
+    LIMIT (SELECT n + 1 FROM allowance)
+), keys(key, first, turn) AS (
+    SELECT f.key, f.key, 1 FROM (SELECT COALESCE(
+        (SELECT t.concurrency_key FROM tasks t WHERE t.status = 'PENDING' AND t.queue = %(queue)s
+           AND t.concurrency_key > (SELECT key_cursor FROM queue) ORDER BY t.concurrency_key LIMIT 1),
+        (SELECT t.concurrency_key FROM tasks t WHERE t.status = 'PENDING' AND t.queue = %(queue)s
+           AND t.concurrency_key IS NOT NULL ORDER BY t.concurrency_key LIMIT 1)) AS key) f
+    WHERE f.key IS NOT NULL AND (SELECT fair AND n > 0 FROM allowance)
+    UNION ALL
+    SELECT nxt.key, k.first, k.turn + 1 FROM keys k CROSS JOIN LATERAL (SELECT COALESCE(
+        (SELECT t.concurrency_key FROM tasks t WHERE t.status = 'PENDING' AND t.queue = %(queue)s
+           AND t.concurrency_key > k.key ORDER BY t.concurrency_key LIMIT 1),
+        (SELECT t.concurrency_key FROM tasks t WHERE t.status = 'PENDING' AND t.queue = %(queue)s
+           AND t.concurrency_key IS NOT NULL ORDER BY t.concurrency_key LIMIT 1)) AS key) nxt
+    WHERE k.turn < (SELECT n + 16 FROM allowance) AND nxt.key <> k.first
+), key_rooms AS MATERIALIZED (
+    SELECT k.key, k.turn, (SELECT per_key FROM rooms) - (SELECT count(*)::int FROM (
+        SELECT 1 FROM tasks t
+        WHERE t.queue = %(queue)s AND t.concurrency_key = k.key AND t.status IN ('DISPATCHING', 'RUNNING')
+        LIMIT (SELECT per_key FROM rooms)) r) AS room
+    FROM keys k
+), unkeyed AS MATERIALIZED (
+    SELECT u.ctid, u.priority, u.run_at, u.id, NULL::text AS key,
+           row_number() OVER (ORDER BY u.priority DESC, u.run_at, u.id) AS round, 0 AS turn
+    FROM (SELECT t.ctid, t.priority, t.run_at, t.id, t.concurrency_key FROM tasks t
+          WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.run_at <= now()
+            AND (SELECT fair AND n > 0 FROM allowance)
+          ORDER BY t.priority DESC, t.run_at, t.id LIMIT (SELECT n + 16 FROM allowance)) u
+    WHERE u.concurrency_key IS NULL
+    LIMIT (SELECT n FROM allowance)
+), share AS MATERIALIZED (
+    SELECT ceil((SELECT n FROM allowance)::numeric
+                / GREATEST(count(*) FILTER (WHERE room > 0) + (SELECT count(*) FROM (SELECT 1 FROM unkeyed LIMIT 1) u),
+                           1))::int AS n
+    FROM key_rooms
+), keyed AS MATERIALIZED (
+    SELECT c.ctid, c.priority, c.run_at, c.id, r.key, c.round, r.turn
+    FROM key_rooms r CROSS JOIN LATERAL (
+        SELECT t.ctid, t.priority, t.run_at, t.id, row_number() OVER (ORDER BY t.priority DESC, t.run_at, t.id) AS round
+        FROM tasks t
+        WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.concurrency_key = r.key AND t.run_at <= now()
+        ORDER BY t.priority DESC, t.run_at, t.id LIMIT LEAST(r.room, (SELECT n FROM share))
+    ) c
+    WHERE r.room > 0
+), candidates AS MATERIALIZED (
+    SELECT * FROM plain UNION ALL SELECT * FROM keyed UNION ALL SELECT * FROM unkeyed
+), picked AS MATERIALIZED (
+    SELECT ctid, key, round, turn FROM candidates
+    ORDER BY round, turn, priority DESC, run_at, id LIMIT (SELECT n FROM allowance)
+), claimed AS (
+    """ + guarded_update(
+    TaskStatus.DISPATCHING,
+    sources=[TaskStatus.PENDING],
+    where="ctid = ANY(ARRAY(SELECT ctid FROM picked))",
+    set="claimed_by = %(node_id)s",
+    returning=CLAIMED,
+) + """
+), kept AS (
+    UPDATE queues q
+    SET rate_stamps = w.stamps, rate_counts = w.counts, rate_pending = u.n + (SELECT count(*) FROM claimed),
+        key_cursor = COALESCE((SELECT key FROM picked WHERE key IS NOT NULL ORDER BY round DESC, turn DESC LIMIT 1),
+                              (SELECT key FROM keys ORDER BY turn DESC LIMIT 1), q.key_cursor)
+    FROM rate_window w, unstarted u
+    WHERE q.name = %(queue)s AND (q.rate_limit IS NOT NULL OR q.max_running_per_key IS NOT NULL)
+    RETURNING 1
+), answer AS (
+    SELECT CASE WHEN r.controlled IS NULL THEN 'missing' WHEN r.paused_now THEN 'paused'
+                WHEN NOT r.controlled THEN 'open' ELSE 'limited' END AS state,
+           CASE WHEN a.reason IS NOT NULL AND (SELECT count(*) FROM candidates) > a.n THEN a.reason
+                WHEN EXISTS (SELECT 1 FROM key_rooms WHERE room <= 0) THEN 'max_running_per_key' END AS held,
+           (SELECT EXTRACT(EPOCH FROM min(e.stamp + q.period - q.at))::float8
+            FROM queue q, unstarted u, (
+                SELECT s.stamp, sum(s.n) OVER (ORDER BY s.stamp DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)
+                           AS newer
+                FROM rate_window w, unnest(w.stamps, w.counts) AS s(stamp, n)) e
+            WHERE r.rate_room - (SELECT count(*) FROM claimed) <= 0
+              AND COALESCE(e.newer, 0) + u.n + (SELECT count(*) FROM claimed) < q.rate_limit) AS retry_in,
+           (SELECT count(*) FROM claimed) < a.n AND EXISTS (
+               SELECT 1 FROM key_rooms k, share s
+               WHERE k.room > s.n AND (SELECT count(*) FROM keyed c WHERE c.key = k.key) = s.n) AS again
+    FROM (VALUES (1)) one LEFT JOIN rooms r ON true CROSS JOIN allowance a
+)
+SELECT * FROM (
+    (SELECT c.*, NULL::text AS state, NULL::text AS held, NULL::float8 AS retry_in, NULL::bool AS again, 1 AS part
+     FROM claimed c)
+    UNION ALL
+    SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, state, held, retry_in, again, 2 FROM answer
+) answered
+ORDER BY part, priority DESC, run_at, id
+"""
+
+# -- The claims a limit held back, counted for /metrics (valka_queue_limited_total): one UPSERT of
+# the claimer's counts since its last, into task_counters as the triggers keep them. --
+RECORD_LIMITED = """
+INSERT INTO task_counters AS c (minute, queue, kind, shard, n)
+SELECT date_trunc('minute', now()), i.queue, 'limited_' || i.reason, pg_backend_pid(), i.n
+FROM unnest(%(queues)s::text[], %(reasons)s::text[], %(counts)s::bigint[]) AS i(queue, reason, n)
+ORDER BY 2, 3
+ON CONFLICT (minute, queue, kind, shard) DO UPDATE SET n = c.n + EXCLUDED.n
+"""
 
 # -- Sent: DISPATCHING → RUNNING, one attempt counted, the run row written with its lease. --
 # A task cancelled between claim and send is not DISPATCHING any more: no run is written for it;

@@ -43,7 +43,7 @@ LIMIT %(limit)s
 # is due is the queue's oldest due task. One probe per queue and per (queue, priority) pair.
 QUEUE_LAG = f"""
 WITH RECURSIVE {QUEUES}, heads(queue, priority, run_at) AS (
-    SELECT h.queue, h.priority, h.run_at FROM queues q CROSS JOIN LATERAL (
+    SELECT h.queue, h.priority, h.run_at FROM queue_names q CROSS JOIN LATERAL (
         SELECT t.queue, t.priority, t.run_at FROM tasks t
         WHERE t.queue = q.queue AND t.status = 'PENDING'
         ORDER BY t.priority DESC, t.run_at, t.id LIMIT 1

@@ -79,7 +79,7 @@ FOR UPDATE OF r, t SKIP LOCKED
 # range): there is no index on DISPATCHING alone (see Task.Meta). One NOTIFY per queue.
 STUCK_DISPATCHING = f"""
 WITH RECURSIVE {QUEUES}, picked AS MATERIALIZED (
-    SELECT stuck.ctid FROM queues q CROSS JOIN LATERAL (
+    SELECT stuck.ctid FROM queue_names q CROSS JOIN LATERAL (
         SELECT t.ctid FROM tasks t
         WHERE t.queue = q.queue AND t.status = 'DISPATCHING'
           AND t.updated_at < {NOW} - make_interval(secs => %(timeout)s)

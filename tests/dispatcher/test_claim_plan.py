@@ -14,7 +14,7 @@ from django.db import connection
 from django.utils import timezone
 
 from dispatcher import sql
-from tasks.models import Task
+from tasks.models import Queue, Task
 from tasks.services import task_enqueue_many
 from tests.plans import executed_plan, no_autovacuum, nodes, outline
 
@@ -121,3 +121,59 @@ def test_a_claim_after_a_floor_skips_the_tasks_claimed_before_it(stale_statistic
     assert plan["Actual Rows"] == 10
     due = [n for n in nodes(plan) if n["Node Type"] == "Index Scan"]
     assert due and all(n["Shared Hit Blocks"] <= 12 for n in due), outline(plan)
+
+
+# ---------------------------------------------------------------- queues with controls
+
+def _limited_plan(queue: str, limit: int, *, generic: bool) -> dict:
+    return executed_plan(sql.CLAIM_LIMITED, {"queue": queue, "limit": limit, "node_id": "plan-test"},
+                         generic=generic, session=sql.CLAIM_SESSION)
+
+
+def _task_reads(plan: dict) -> list[dict]:
+    return [n for n in nodes(plan) if n.get("Relation Name") == "tasks" and n["Node Type"] != "ModifyTable"]
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
+def test_a_limited_claim_after_a_burst_reads_only_what_it_claims(stale_statistics, generic):
+    Queue.objects.filter(name="plan").update(max_running=5000, rate_limit=10_000)
+    plan = _limited_plan("plan", 100, generic=generic)
+    shown = outline(plan)
+    assert plan["Actual Rows"] == 101, shown  # the tasks and the answer
+    reads = _task_reads(plan)
+    assert {n["Node Type"] for n in reads} <= {"Index Scan", "Index Only Scan", "Tid Scan"}, shown
+    # The pick reads one task more than it claims; nothing is DISPATCHING or RUNNING yet.
+    assert sum(n["Actual Rows"] * n["Actual Loops"] for n in reads if n["Node Type"] != "Tid Scan") <= 101 + 4, shown
+
+
+@pytest.fixture
+def one_big_key():
+    """100,000 PENDING tasks of one key, and one task of each of nine others, in a queue with a
+    limit per key; the statistics taken before the flood."""
+    with no_autovacuum("tasks"):
+        small = task_enqueue_many([{"task_name": "t", "queue": "keys", "concurrency_key": f"small-{i}"}
+                                   for i in range(9)])
+        with connection.cursor() as cur:
+            cur.execute("ANALYZE tasks")
+            cur.execute("INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count,"
+                        " timeout_seconds, input, metadata, run_at, created_at, updated_at, concurrency_key)"
+                        " SELECT valka_uuid7(), 't', 'keys', 'PENDING', 0, 3, 0, 300, NULL, '{}', now(), now(),"
+                        " now(), 'big' FROM generate_series(1, 100000)")
+        Queue.objects.filter(name="keys").update(max_running_per_key=50)
+        yield small
+
+
+@pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
+def test_a_fair_claim_reads_a_few_tasks_per_key_not_the_big_key_s_backlog(one_big_key, generic):
+    plan = _limited_plan("keys", 20, generic=generic)
+    shown = outline(plan)
+    # An equal share of the twenty for each of the ten keys: the small ones have one task each.
+    assert plan["Actual Rows"] == 12, shown
+    reads = _task_reads(plan)
+    assert "Seq Scan" not in {n["Node Type"] for n in nodes(plan)}, shown
+    # Ten keys found one probe each; each key's running tasks and its share of due tasks; the
+    # look for tasks without a key among the first due ones (20 + 16): under a hundred rows.
+    assert sum(n["Actual Rows"] * n["Actual Loops"] for n in reads if n["Node Type"] != "Tid Scan") <= 100, shown
+    claimed = Task.objects.filter(queue="keys", status="DISPATCHING")
+    assert set(claimed.exclude(concurrency_key="big").values_list("id", flat=True)) == {t.id for t in one_big_key}
+    assert claimed.filter(concurrency_key="big").count() == 2

@@ -72,7 +72,7 @@ def test_a_claim_connection_plans_the_claim_once():
                 for _ in range(3):
                     await claim(conn, queue="once", limit=1, node_id="test-node")
                 cur = await conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
-                                         "WHERE statement LIKE %s", ["%WITH RECURSIVE priorities%"])
+                                         "WHERE statement LIKE %s", ["%WITH RECURSIVE open AS%"])
                 return await cur.fetchone()
         finally:
             await node.claim_pool.close()

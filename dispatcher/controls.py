@@ -1,0 +1,86 @@
+"""What a dispatcher knows of the queues' controls (docs/queues.md): which queues are paused, and
+until when; which are held to a running limit (max_running, max_running_per_key) or to a rate.
+
+It only decides which claim a queue gets, and when to try it: none while paused, CLAIM without
+controls, CLAIM_LIMITED with them (dispatcher/sql.py). Both statements check the queue's row
+themselves, so what this holds may be a moment old without a claim ever taking what the row
+forbids: a claim that finds the row changed says so, and the claimer has this read again.
+
+Read again when a queue's controls change (NOTIFY valka_queue_changed), when a claim finds the row
+changed, after the LISTEN connection came back, and at least every `max_age` seconds.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from psycopg import AsyncConnection
+
+from dispatcher import sql
+
+OPEN, PAUSED, LIMITED = "open", "paused", "limited"
+
+
+@dataclass(frozen=True)
+class Control:
+    paused: bool
+    resumes_at: float | None  # the clock's time the pause ends by itself; None: until resumed
+    counted: bool  # max_running or max_running_per_key: a slot is free once a task's end is written
+    rated: bool  # rate_limit
+
+
+class QueueControls:
+    def __init__(self, *, max_age: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.max_age = max_age
+        self.clock = clock
+        self._by_queue: dict[str, Control] = {}
+        self._read_at: float | None = None
+
+    def stale(self) -> bool:
+        return self._read_at is None or self.clock() - self._read_at >= self.max_age
+
+    def forget(self) -> None:
+        """Read them again before the next claim."""
+        self._read_at = None
+
+    async def read(self, conn: AsyncConnection) -> None:
+        now = self.clock()
+        rows = await (await conn.execute(sql.QUEUE_CONTROLS)).fetchall()
+        self._by_queue = {
+            name: Control(paused=paused, resumes_at=now + resumes_in if paused and resumes_in is not None else None,
+                          counted=counted, rated=rated)
+            for name, paused, resumes_in, counted, rated in rows
+        }
+        self._read_at = now
+
+    def mode(self, queue: str) -> str:
+        control = self._by_queue.get(queue)
+        if control is None:
+            return OPEN
+        if control.paused and (control.resumes_at is None or self.clock() < control.resumes_at):
+            return PAUSED
+        return LIMITED if control.counted or control.rated else OPEN
+
+    def counted(self, queue: str) -> bool:
+        control = self._by_queue.get(queue)
+        return control is not None and control.counted
+
+    def rated(self, queue: str) -> bool:
+        control = self._by_queue.get(queue)
+        return control is not None and control.rated
+
+    def next_resume(self) -> float | None:
+        """When the next pause with an end ends (the claimer wakes then)."""
+        ends = [c.resumes_at for c in self._by_queue.values() if c.paused and c.resumes_at is not None]
+        return min(ends) if ends else None
+
+    def resume_due(self) -> list[str]:
+        """The queues whose pause has ended by now; they are paused no more here."""
+        now = self.clock()
+        due = [q for q, c in self._by_queue.items() if c.paused and c.resumes_at is not None and c.resumes_at <= now]
+        for queue in due:
+            c = self._by_queue[queue]
+            self._by_queue[queue] = Control(paused=False, resumes_at=None, counted=c.counted, rated=c.rated)
+        return due
