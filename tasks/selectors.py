@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from django.db import connection
 from django.db.models import QuerySet
 
+from tasks import dashboard
 from tasks.errors import NotFound, ValidationError
-from tasks.models import DeadLetter, Task, TaskLog, TaskRun, Worker
-from tasks.specs import check_text
+from tasks.models import DeadLetter, Queue, Task, TaskLog, TaskRun, Worker
+from tasks.specs import MAX_NAME, QUEUE_RE, check_text
+from tasks.sql import queues as queues_sql
 from tasks.states import TaskStatus
 
 WORKER_STATUSES = ("CONNECTED", "DISCONNECTED")
@@ -124,3 +128,73 @@ def worker_list(*, status: str | None = None) -> QuerySet[Worker]:
             raise ValidationError.field("status", f"must be one of {', '.join(WORKER_STATUSES)}")
         qs = qs.filter(status=status.upper())
     return qs
+
+
+@dataclass(frozen=True)
+class QueueView:
+    """A queue: its settings (its row's, or the defaults while it has none) and what it holds now."""
+
+    queue: Queue
+    paused: bool  # its pause is in force now (a pause whose end has passed is over)
+    counts: dict[str, int]  # its tasks by status, each counted up to dashboard.COUNT_CAP
+    lag: float | None  # seconds its oldest due PENDING task has waited
+
+    @property
+    def paused_until(self) -> datetime | None:
+        return self.queue.paused_until if self.paused else None
+
+    @property
+    def running(self) -> int:
+        """Its tasks DISPATCHING or RUNNING: what max_running holds."""
+        return self.counts.get(TaskStatus.DISPATCHING.value, 0) + self.counts.get(TaskStatus.RUNNING.value, 0)
+
+    @property
+    def counts_exact(self) -> bool:
+        return all(n < dashboard.COUNT_CAP for n in self.counts.values())
+
+
+def _unsaved_queue(name: str) -> Queue:
+    return Queue(name=name, paused=False, paused_until=None, max_running=None, rate_limit=None,
+                 rate_period_seconds=1, max_running_per_key=None, description="", created_at=None, updated_at=None)
+
+
+def _queue_rows(names: list[str]) -> dict[str, Queue]:
+    return {q.name: q for q in Queue.objects.raw(queues_sql.QUEUE_ROWS, {"names": names})}
+
+
+def _view(name: str, rows: dict[str, Queue], counts: dict[str, int], lag: float | None) -> QueueView:
+    queue = rows.get(name) or _unsaved_queue(name)
+    statuses = {s.value: counts.get(s.value, 0) for s in TaskStatus}
+    return QueueView(queue=queue, paused=bool(getattr(queue, "paused_now", False)), counts=statuses, lag=lag)
+
+
+def queue_list() -> list[QueueView]:
+    """Every queue that has a row, tasks, or a worker serving it, by name."""
+    with connection.cursor() as cursor:
+        cursor.execute(queues_sql.KNOWN_QUEUES)
+        names = [row[0] for row in cursor.fetchall()]
+    rows = _queue_rows(names)
+    counts = dashboard.status_counts(cap=dashboard.COUNT_CAP)
+    lag = dashboard.queue_lag()
+    return [_view(name, rows, counts.get(name, {}), lag.get(name)) for name in names]
+
+
+def queue_name(value: Any) -> str:
+    """A queue name from a URL, or NOT_FOUND: a name no queue may have names none."""
+    if not isinstance(value, str) or len(value) > MAX_NAME or not QUEUE_RE.match(value):
+        raise NotFound(f"queue {value!s:.100} not found")
+    return value
+
+
+def queue_get(*, name: Any) -> QueueView:
+    """One queue, made a row first if it has tasks or workers and none yet; NOT_FOUND if it has neither."""
+    name = queue_name(name)
+    with connection.cursor() as cursor:
+        cursor.execute(queues_sql.ENSURE_QUEUE, {"name": name})
+        rows = _queue_rows([name])
+        if name not in rows:
+            raise NotFound(f"queue {name} not found")
+        cursor.execute(queues_sql.QUEUE_STATUS_COUNTS, {"name": name, "cap": dashboard.COUNT_CAP,
+                                                        "statuses": [s.value for s in TaskStatus]})
+        counts = dict(cursor.fetchall())
+    return _view(name, rows, counts, dashboard.queue_lag().get(name))

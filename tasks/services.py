@@ -16,13 +16,15 @@ from typing import Any
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
 from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
+from django.utils import timezone
 
 from tasks import selectors
-from tasks.errors import InvalidState, ValidationError, ValkaError
-from tasks.models import DeadLetter, Task
+from tasks.errors import InvalidState, NotFound, ValidationError, ValkaError
+from tasks.models import DeadLetter, Queue, Task
 from tasks.prepared import fetchone_prepared
-from tasks.specs import TaskSpec, parse_task_spec
+from tasks.specs import TaskSpec, parse_pause, parse_queue_changes, parse_task_spec
 from tasks.sql import lifecycle, producer
+from tasks.sql import queues as queues_sql
 from tasks.states import FINAL_STATES, REPLAYABLE, TaskStatus, sources_of
 from valka.ids import uuid7, uuid7_many
 
@@ -427,3 +429,46 @@ def _replay(*, task_name: str, queue: str, input: Any, metadata: Any, max_retrie
 
 def _uuid(value: uuid.UUID | str) -> uuid.UUID:
     return selectors.parse_id(value, what="task")
+
+
+def queue_pause(*, name: str, until: Any = None) -> Queue:
+    """Pause a queue: no dispatcher starts its tasks from its next claim on (within a second);
+    running ones carry on, and new ones are still taken. With `until` (after now) the pause ends
+    by itself then. NOT_FOUND for a queue without tasks, workers or a row."""
+    return _queue_write(name, queues_sql.PAUSE_QUEUE, {"paused": True, "until": until})
+
+
+def queue_pause_from_data(*, name: str, data: Any) -> Queue:
+    """`queue_pause` for a request body: none, or {"until": RFC 3339}."""
+    return queue_pause(name=name, until=parse_pause(data, now=timezone.now()))
+
+
+def queue_resume(*, name: str) -> Queue:
+    """End a queue's pause; the dispatchers claim from it at once."""
+    return _queue_write(name, queues_sql.PAUSE_QUEUE, {"paused": False, "until": None})
+
+
+def queue_update(*, name: str, data: Any) -> Queue:
+    """Change a queue's limits and description (`tasks.specs.parse_queue_changes`: a bad value
+    writes nothing). The dispatchers claim within the new limits from their next claim on."""
+    changes = parse_queue_changes(data)
+    if not changes:
+        return selectors.queue_get(name=name).queue
+    assignments = [f"{column} = %({column})s" for column in changes]  # columns of QUEUE_SETTINGS only
+    if "rate_limit" in changes and changes["rate_limit"] is None:
+        assignments.append(queues_sql.CLEAR_RATE_WINDOW)
+    if "max_running_per_key" in changes and changes["max_running_per_key"] is None:
+        assignments.append(queues_sql.CLEAR_KEY_TURN)
+    return _queue_write(name, queues_sql.UPDATE_QUEUE.format(assignments=", ".join(assignments)), changes)
+
+
+def _queue_write(name: str, statement: str, params: dict[str, Any]) -> Queue:
+    """Run one of the queue row's writes, after making the row of a queue that has tasks or
+    workers and none yet; NOT_FOUND when there is no row to write."""
+    name = selectors.queue_name(name)
+    with transaction.atomic(), connection.cursor() as cursor:
+        cursor.execute(queues_sql.ENSURE_QUEUE, {"name": name})
+        rows = list(Queue.objects.raw(statement, {**params, "name": name}))
+    if not rows:
+        raise NotFound(f"queue {name} not found")
+    return rows[0]

@@ -290,3 +290,59 @@ def parse_task_spec(data: Any) -> TaskSpec:
         input_json=input_json,
         metadata_json=metadata_json,
     )
+
+
+# -- A queue's settings (tasks.models.Queue; REST PATCH /api/v1/queues/{name}, the admin's form). --
+QUEUE_LIMITS = ("max_running", "rate_limit", "max_running_per_key")
+QUEUE_SETTINGS = (*QUEUE_LIMITS, "rate_period_seconds", "description")
+MAX_DESCRIPTION = 1000
+
+
+def _limit(name: str, value: Any) -> int | None:
+    """A limit: a positive integer, or None for "no limit"."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        if not (isinstance(value, float) and value.is_integer()):
+            raise ValidationError.field(name, "must be a whole number, or null for no limit")
+        value = int(value)
+    if not LIMIT_RANGE[0] <= value <= LIMIT_RANGE[1]:
+        low, high = LIMIT_RANGE
+        raise ValidationError.field(name, f"must be between {low} and {high}, or null for no limit")
+    return value
+
+
+def _refuse_unknown(data: Mapping[str, Any], known: tuple[str, ...], hint: str = "") -> None:
+    unknown = sorted(map(str, set(data) - set(known)))
+    if unknown:
+        raise ValidationError.field(unknown[0], f"is not one of {', '.join(known)}{hint}")
+
+
+def parse_queue_changes(data: Any) -> dict[str, Any]:
+    """The settings a request changes, each valid, as {column: value}: the limits (a positive
+    integer, or null for none), `rate_period_seconds` (1 to 86400) and `description`. The pause
+    is not among them: pausing and resuming are actions of their own, with their own permission."""
+    if not isinstance(data, Mapping):
+        raise ValidationError("the request body must be a JSON object", {"body": ["must be a JSON object"]})
+    _refuse_unknown(data, QUEUE_SETTINGS, "; pause and resume are /pause and /resume")
+    changes: dict[str, Any] = {name: _limit(name, data[name]) for name in QUEUE_LIMITS if name in data}
+    if "rate_period_seconds" in data:
+        changes["rate_period_seconds"] = _int("rate_period_seconds", data["rate_period_seconds"], 1,
+                                              *RATE_PERIOD_RANGE)
+    if "description" in data:
+        changes["description"] = _text("description", data["description"], required=False,
+                                       max_len=MAX_DESCRIPTION) or ""
+    return changes
+
+
+def parse_pause(data: Any, *, now: datetime) -> datetime | None:
+    """When a pause asked for ends by itself (`until`, after `now`), or None: until resumed."""
+    if data is None:
+        return None
+    if not isinstance(data, Mapping):
+        raise ValidationError("the request body must be a JSON object", {"body": ["must be a JSON object"]})
+    _refuse_unknown(data, ("until",))
+    until = parse_datetime("until", data.get("until"))
+    if until is not None and until <= now:
+        raise ValidationError.field("until", "must be in the future")
+    return until

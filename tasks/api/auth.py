@@ -50,6 +50,9 @@ DELETE_TASKS = Need("tasks.delete_task", ApiKey.Scope.ADMIN)
 READ_DEAD_LETTERS = Need("tasks.view_deadletter", ApiKey.Scope.READ)
 REPLAY_DEAD_LETTERS = Need("tasks.replay_deadletter", ApiKey.Scope.WRITE)
 READ_WORKERS = Need("tasks.view_worker", ApiKey.Scope.READ)
+READ_QUEUES = Need("tasks.view_queue", ApiKey.Scope.READ)
+PAUSE_QUEUES = Need("tasks.pause_queue", ApiKey.Scope.WRITE)
+CHANGE_QUEUES = Need("tasks.change_queue", ApiKey.Scope.ADMIN)
 
 
 def api_key_create(*, name: str, scope: str = ApiKey.Scope.WRITE) -> tuple[ApiKey, str]:

@@ -35,6 +35,9 @@ COMMON_ERRORS = {
 }
 BODY_ERRORS = ("413", "415")
 
+# Request bodies that refuse fields they do not name (400 naming the field).
+CLOSED = ("PatchedQueueChangeRequest", "QueuePauseRequest")
+
 # Request bodies whose field has an alias: one of the two is required (the first wins).
 ALIASES = {"TaskCreateRequest": ("queue", "queue_name"), "SignalSendRequest": ("signal_type", "signal_name")}
 
@@ -65,8 +68,13 @@ def postprocess(result: dict[str, Any], generator: Any, request: Any, public: bo
         for name, prop in props.items():
             if name not in ("task_name", "queue", "queue_name"):
                 prop["nullable"] = True
-        # An empty idempotency key is no key.
+        # An empty idempotency or concurrency key is no key.
         props["idempotency_key"].pop("minLength", None)
+        props["concurrency_key"].pop("minLength", None)
+    # A queue's settings and a pause take only the fields they name: a misspelt limit is refused.
+    for name in CLOSED:
+        if name in schemas:
+            schemas[name]["additionalProperties"] = False
     for schema in schemas.values():
         for prop in schema.get("properties", {}).values():
             if prop.get("type") == "string" and "format" not in prop and "enum" not in prop:

@@ -15,10 +15,13 @@ from tasks.services import MAX_BATCH
 from tasks.specs import (
     INT32_MAX,
     INT32_MIN,
+    LIMIT_RANGE,
     MAX_CONCURRENCY_KEY,
+    MAX_DESCRIPTION,
     MAX_NAME,
     MAX_RETRIES_LIMIT,
     QUEUE_PATTERN,
+    RATE_PERIOD_RANGE,
     TIMEOUT_RANGE,
 )
 from tasks.states import TaskStatus
@@ -180,6 +183,48 @@ class WorkerSerializer(serializers.ModelSerializer):
             "connected_at", "last_heartbeat_at", "disconnected_at",
         ]
         read_only_fields = fields
+
+
+class QueueSerializer(serializers.Serializer):
+    """A queue (`tasks.selectors.QueueView`): its settings and what it holds now."""
+
+    name = serializers.CharField(source="queue.name")
+    paused = serializers.BooleanField(help_text="Its pause is in force: it starts no task.")
+    paused_until = serializers.DateTimeField(allow_null=True, help_text="When the pause ends by itself, if it does.")
+    max_running = serializers.IntegerField(source="queue.max_running", allow_null=True)
+    rate_limit = serializers.IntegerField(source="queue.rate_limit", allow_null=True)
+    rate_period_seconds = serializers.IntegerField(source="queue.rate_period_seconds")
+    max_running_per_key = serializers.IntegerField(source="queue.max_running_per_key", allow_null=True)
+    description = serializers.CharField(source="queue.description")
+    running = serializers.IntegerField(help_text="Its tasks DISPATCHING or RUNNING now (what max_running holds).")
+    counts = serializers.DictField(child=serializers.IntegerField(),
+                                   help_text="Its tasks by status, each counted up to 10,000 (see counts_exact).")
+    counts_exact = serializers.BooleanField(help_text="false when a count stopped at 10,000")
+    lag_seconds = serializers.FloatField(source="lag", allow_null=True,
+                                         help_text="How long its oldest due PENDING task has waited.")
+    updated_at = serializers.DateTimeField(source="queue.updated_at", allow_null=True)
+
+
+class QueueChangeSerializer(serializers.Serializer):
+    """Documents PATCH /api/v1/queues/{name}: the settings named change, the others stay."""
+
+    max_running = serializers.IntegerField(required=False, allow_null=True, min_value=LIMIT_RANGE[0],
+                                           help_text="Most of its tasks DISPATCHING or RUNNING at once; null: none.")
+    rate_limit = serializers.IntegerField(required=False, allow_null=True, min_value=LIMIT_RANGE[0],
+                                          help_text="Most of its tasks started per rate_period_seconds; null: none.")
+    rate_period_seconds = serializers.IntegerField(required=False, min_value=RATE_PERIOD_RANGE[0],
+                                                   max_value=RATE_PERIOD_RANGE[1])
+    max_running_per_key = serializers.IntegerField(
+        required=False, allow_null=True, min_value=LIMIT_RANGE[0],
+        help_text="Most tasks of one concurrency_key running at once (keys take turns); null: no limit.")
+    description = serializers.CharField(required=False, allow_blank=True, max_length=MAX_DESCRIPTION)
+
+
+class QueuePauseSerializer(serializers.Serializer):
+    """Documents POST /api/v1/queues/{name}/pause: the body may be empty."""
+
+    until = serializers.DateTimeField(required=False, allow_null=True,
+                                      help_text="The pause ends by itself then (in the future); none: until resumed.")
 
 
 class ErrorSerializer(serializers.Serializer):

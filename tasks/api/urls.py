@@ -4,6 +4,7 @@ from tasks.api import stream, views
 
 tasks = views.TaskViewSet
 dead_letters = views.DeadLetterViewSet
+queues = views.QueueViewSet
 ID = r"(?P<pk>[^/]+)"
 
 urlpatterns = [
@@ -19,4 +20,8 @@ urlpatterns = [
     re_path(rf"^tasks/{ID}/runs/(?P<run_id>[^/]+)/logs/stream/?$", stream.logs, name="task-run-log-stream"),
     re_path(r"^events/?$", stream.events, name="events"),
     re_path(r"^workers/?$", views.WorkerViewSet.as_view({"get": "list"}), name="worker-list"),
+    re_path(r"^queues/?$", queues.as_view({"get": "list"}), name="queue-list"),
+    re_path(rf"^queues/{ID}/?$", queues.as_view({"get": "retrieve", "patch": "partial_update"}), name="queue-detail"),
+    re_path(rf"^queues/{ID}/pause/?$", queues.as_view({"post": "pause"}), name="queue-pause"),
+    re_path(rf"^queues/{ID}/resume/?$", queues.as_view({"post": "resume"}), name="queue-resume"),
 ]

@@ -17,7 +17,7 @@ from tasks import selectors, services
 from tasks.api import auth
 from tasks.api import serializers as s
 from tasks.api.errors import error_body
-from tasks.api.pagination import PAGE_PARAMETERS, Page, paginate
+from tasks.api.pagination import PAGE_PARAMETERS, Page, one_page, paginate
 from tasks.errors import ValidationError, ValkaError
 from tasks.specs import parse_datetime
 from tasks.sql import dashboard as dashboard_sql
@@ -165,6 +165,38 @@ class WorkerViewSet(viewsets.ViewSet):
     def list(self, request: Request) -> Response:
         return paginate(self, request, selectors.worker_list(status=query_param(request, "status")),
                          s.WorkerSerializer)
+
+
+class QueueViewSet(viewsets.ViewSet):
+    pagination_class = Page
+    needs = {"list": auth.READ_QUEUES, "retrieve": auth.READ_QUEUES, "partial_update": auth.CHANGE_QUEUES,
+             "pause": auth.PAUSE_QUEUES, "resume": auth.PAUSE_QUEUES}
+
+    @extend_schema(responses={200: s.QueueSerializer(many=True), **ERRORS},
+                   description="Every queue that has tasks, workers or settings, on one page, by name.")
+    def list(self, request: Request) -> Response:
+        return one_page(s.QueueSerializer(selectors.queue_list(), many=True).data)
+
+    @extend_schema(responses={200: s.QueueSerializer, **ERRORS})
+    def retrieve(self, request: Request, pk: str) -> Response:
+        return Response(s.QueueSerializer(selectors.queue_get(name=pk)).data)
+
+    @extend_schema(request=s.QueueChangeSerializer, responses={200: s.QueueSerializer, **ERRORS})
+    def partial_update(self, request: Request, pk: str) -> Response:
+        queue = services.queue_update(name=pk, data=request.data)
+        return Response(s.QueueSerializer(selectors.queue_get(name=queue.name)).data)
+
+    @extend_schema(request=s.QueuePauseSerializer, responses={200: s.QueueSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def pause(self, request: Request, pk: str) -> Response:
+        queue = services.queue_pause_from_data(name=pk, data=request.data or None)
+        return Response(s.QueueSerializer(selectors.queue_get(name=queue.name)).data)
+
+    @extend_schema(request=None, responses={200: s.QueueSerializer, **ERRORS})
+    @action(detail=True, methods=["post"])
+    def resume(self, request: Request, pk: str) -> Response:
+        queue = services.queue_resume(name=pk)
+        return Response(s.QueueSerializer(selectors.queue_get(name=queue.name)).data)
 
 
 def healthz(request: Any) -> JsonResponse:

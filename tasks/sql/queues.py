@@ -29,6 +29,16 @@ UNION SELECT unnest(w.queues) FROM workers w
 ORDER BY 1
 """
 
+# -- The rows of queues `names`, with whether each one's pause is in force now. --
+QUEUE_ROWS = f"SELECT q.*, {PAUSED_NOW} AS paused_now FROM queues q WHERE q.name = ANY(%(names)s) ORDER BY q.name"
+
+# -- One queue's tasks by status, each count capped at %(cap)s (one range of tasks_queue_status_idx each). --
+QUEUE_STATUS_COUNTS = """
+SELECT s.status, (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.queue = %(name)s AND t.status = s.status
+                                         LIMIT %(cap)s) capped)
+FROM unnest(%(statuses)s::text[]) AS s(status)
+"""
+
 # -- A queue's row, made first if the queue has tasks or a worker and no row yet (a row missed
 # when its first task came: tasks/sql/schema/queues.sql). Answers nothing for an unknown queue. --
 ENSURE_QUEUE = """

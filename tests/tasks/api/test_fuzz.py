@@ -22,7 +22,7 @@ from tasks.models import ApiKey
 
 # The key the fuzzer authenticates with; the fixture stores its hash.
 KEY = "vk_fuzz-" + "k" * 40
-TABLES = ("tasks", "signals", "dead_letter_queue", "task_runs", "schedules")
+TABLES = ("tasks", "signals", "dead_letter_queue", "task_runs", "schedules", "queues")
 
 
 def _row_counts() -> dict[str, int]:
@@ -59,6 +59,10 @@ def test_api_answers_every_request_as_documented(case, fuzz_key):
     if (case.query or {}).get("cursor"):
         # A cursor is opaque (tasks.api.pagination): only one the server issued is valid, which no
         # schema can describe; any other string is refused with a 400 naming `cursor`.
+        excluded.append(positive_data_acceptance)
+    pause = case.operation.label == "POST /api/v1/queues/{id}/pause/"
+    if pause and isinstance(case.body, dict) and case.body.get("until"):
+        # A pause's end must be in the future (else a 400 naming `until`): no schema can say "after now".
         excluded.append(positive_data_acceptance)
     if "\\u0000" in json.dumps(case.body if isinstance(case.body, dict | list) else None):
         # A NUL inside the free JSON of `input` or `metadata` is refused (PostgreSQL cannot store it):

@@ -15,7 +15,7 @@ from django.test import Client
 
 from signals.models import Signal
 from tasks.api.auth import api_key_create
-from tasks.models import ApiKey, DeadLetter, Task
+from tasks.models import ApiKey, DeadLetter, Queue, Task
 from tests.factories import DeadLetterFactory, SignalFactory, TaskFactory, TaskLogFactory, TaskRunFactory
 from valka_sdk.v1 import api_pb2, api_pb2_grpc
 
@@ -44,6 +44,18 @@ def _run_path(suffix: str) -> Callable[[], str]:
     return build
 
 
+def _queue_path(suffix: str = "", **settings) -> Callable[[], str]:
+    def build() -> str:
+        TaskFactory(queue="perm-q")  # its row is made with it
+        Queue.objects.filter(name="perm-q").update(**settings)
+        return f"/api/v1/queues/perm-q{suffix}"
+    return build
+
+
+def _queue_has(**settings) -> Callable[[], bool]:
+    return lambda: Queue.objects.filter(name="perm-q", **settings).exists()
+
+
 ENDPOINTS = {
     "list tasks": Endpoint("get", lambda: "/api/v1/tasks", "tasks.view_task", READ),
     "get a task": Endpoint("get", _task_path(), "tasks.view_task", READ),
@@ -68,13 +80,22 @@ ENDPOINTS = {
                                      "tasks.replay_deadletter", WRITE, {},
                                      lambda: Task.objects.filter(status="PENDING").exists()),
     "list workers": Endpoint("get", lambda: "/api/v1/workers", "tasks.view_worker", READ),
+    "list queues": Endpoint("get", lambda: "/api/v1/queues", "tasks.view_queue", READ),
+    "get a queue": Endpoint("get", _queue_path(), "tasks.view_queue", READ),
+    "pause a queue": Endpoint("post", _queue_path("/pause"), "tasks.pause_queue", WRITE, {},
+                              _queue_has(paused=True)),
+    "resume a queue": Endpoint("post", _queue_path("/resume", paused=True), "tasks.pause_queue", WRITE, {},
+                               _queue_has(paused=False)),
+    "change a queue's limits": Endpoint("patch", _queue_path(), "tasks.change_queue", ADMIN, {"max_running": 3},
+                                        _queue_has(max_running=3)),
     "send a signal": Endpoint("post", _task_path("/signal", status="RUNNING"), "signals.add_signal", WRITE,
                               {"signal_type": "stop"}, lambda: Signal.objects.exists()),
     "list a task's signals": Endpoint("get", lambda: f"/api/v1/tasks/{SignalFactory().task_id}/signals",
                                       "signals.view_signal", READ),
     "get a signal": Endpoint("get", lambda: f"/api/v1/signals/{SignalFactory().id}", "signals.view_signal", READ),
 }
-VIEW_ONLY = ("tasks.view_task", "tasks.view_deadletter", "tasks.view_worker", "signals.view_signal")
+VIEW_ONLY = ("tasks.view_task", "tasks.view_deadletter", "tasks.view_worker", "tasks.view_queue",
+             "signals.view_signal")
 
 
 def _staff(django_user_model, perms, superuser: bool = False) -> Client:
