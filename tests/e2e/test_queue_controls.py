@@ -1,0 +1,176 @@
+"""Queue controls against real dispatchers and SDK workers: max_running held through a drain across
+two dispatchers, a rate limit counted from the runs, a pause mid-drain, keys taking turns, and
+limits changed while a drain runs."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections import defaultdict
+from datetime import datetime, timedelta
+
+import psycopg
+from django.db import connection
+
+from tasks import services
+from tasks.models import Queue, Task, TaskRun, Worker
+from tests.helpers import database_url, db_now, wait_for
+
+
+class Sampler:
+    """Counts a queue's tasks DISPATCHING or RUNNING every 50 ms, on a connection of its own."""
+
+    def __init__(self, queue: str) -> None:
+        self.queue = queue
+        self.samples: list[tuple[float, int]] = []  # (time.monotonic(), count)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        with psycopg.connect(database_url(), autocommit=True) as conn:
+            while not self._stop.is_set():
+                (n,) = conn.execute("SELECT count(*) FROM tasks WHERE queue = %s AND status IN "
+                                    "('DISPATCHING', 'RUNNING')", [self.queue]).fetchone()
+                self.samples.append((time.monotonic(), n))
+                self._stop.wait(0.05)
+
+    def stop(self) -> list[tuple[float, int]]:
+        self._stop.set()
+        self._thread.join(5)
+        return self.samples
+
+    def most(self, since: float = 0.0, until: float = float("inf")) -> int:
+        return max((n for t, n in self.samples if since <= t < until), default=0)
+
+
+def _runs(queue: str) -> list[tuple[datetime, datetime | None, str | None]]:
+    """(started_at, finished_at, concurrency key) of the queue's runs, by start."""
+    return list(TaskRun.objects.filter(task__queue=queue).order_by("started_at")
+                .values_list("started_at", "finished_at", "task__concurrency_key"))
+
+
+def _most_at_once(runs: list[tuple[datetime, datetime | None, str | None]]) -> int:
+    """The most runs that were ever open at the same moment."""
+    edges = sorted([(start, 1) for start, _, _ in runs] + [(end, -1) for _, end, _ in runs if end is not None],
+                   key=lambda e: (e[0], e[1]))
+    most = open_now = 0
+    for _, step in edges:
+        open_now += step
+        most = max(most, open_now)
+    return most
+
+
+def _workers(stack, addrs: list[str], queue: str, count: int, concurrency: int = 8) -> None:
+    for i in range(count):
+        stack.worker(addrs[i % len(addrs)], queues=queue, concurrency=concurrency, name=f"{queue}-{i}")
+    wait_for(lambda: Worker.objects.filter(status="CONNECTED", queues__contains=[queue]).count() == count,
+             what=f"{count} workers on {queue}")
+    assert Queue.objects.filter(name=queue).exists(), "a worker's hello makes its queue's row"
+
+
+def _completed(queue: str, n: int, timeout: float) -> None:
+    wait_for(lambda: Task.objects.filter(queue=queue, status="COMPLETED").count() == n, timeout,
+             what=f"{n} tasks of {queue} completed")
+
+
+def test_max_running_holds_across_two_dispatchers_through_a_whole_drain(stack):
+    Queue.objects.create(name="capped", max_running=5)
+    addrs = [stack.dispatcher()[1], stack.dispatcher()[1]]
+    _workers(stack, addrs, "capped", 4)  # 32 slots
+    sampler = Sampler("capped")
+    services.task_enqueue_many([{"task_name": "sleep", "queue": "capped", "input": {"seconds": 0.02}}] * 500)
+    _completed("capped", 500, timeout=120)
+    sampler.stop()
+    assert sampler.most() == 5, "sampled every 50 ms: never above the limit, and at it while draining"
+    assert _most_at_once(_runs("capped")) <= 5
+    assert TaskRun.objects.filter(task__queue="capped").count() == 500
+    assert len({w for w in TaskRun.objects.values_list("worker_id", flat=True)}) > 1
+
+
+def test_a_rate_limit_holds_in_every_one_second_window_of_the_runs(stack):
+    Queue.objects.create(name="rated", rate_limit=20, rate_period_seconds=1)
+    addrs = [stack.dispatcher()[1], stack.dispatcher()[1]]
+    _workers(stack, addrs, "rated", 2)
+    began = time.monotonic()
+    services.task_enqueue_many([{"task_name": "echo", "queue": "rated"}] * 200)
+    _completed("rated", 200, timeout=60)
+    took = time.monotonic() - began
+    starts = [start for start, _, _ in _runs("rated")]
+    busiest = max(sum(1 for s in starts[i:] if s - start < timedelta(seconds=1)) for i, start in enumerate(starts))
+    assert busiest <= 20, f"{busiest} starts in one second"
+    assert busiest >= 15, "the limit, not the workers, set the pace"
+    assert took >= 9, "200 tasks at 20 a second"
+
+
+def test_a_pause_mid_drain_stops_new_starts_lets_running_tasks_finish_and_resume_drains_the_rest(stack):
+    # No poll to fall back on: the pause and the resume reach the dispatcher by NOTIFY.
+    _, addr = stack.dispatcher(VALKA_DISPATCH_POLL_INTERVAL="30")
+    _workers(stack, [addr], "pausable", 2, concurrency=4)
+    services.task_enqueue_many([{"task_name": "sleep", "queue": "pausable", "input": {"seconds": 0.3}}] * 60)
+    wait_for(lambda: TaskRun.objects.filter(task__queue="pausable").count() >= 10, what="the drain under way")
+    services.queue_pause(name="pausable")
+    paused_at = db_now()
+    late = services.task_enqueue(task_name="sleep", queue="pausable", input={"seconds": 0.3})
+    assert late.status == "PENDING", "creating tasks still works"
+    time.sleep(1.5)
+    starts = [start for start, _, _ in _runs("pausable")]
+    assert not [s for s in starts if s > paused_at + timedelta(seconds=1)], "a start more than 1 s after the pause"
+    assert not Task.objects.filter(queue="pausable", status__in=["DISPATCHING", "RUNNING"]).exists(), \
+        "the running tasks finished"
+    left = Task.objects.filter(queue="pausable", status="PENDING").count()
+    assert left >= 20
+    services.queue_resume(name="pausable")
+    resumed_at = db_now()
+    wait_for(lambda: TaskRun.objects.filter(task__queue="pausable", started_at__gt=resumed_at).exists(), 5,
+             what="a start after the resume")
+    first = TaskRun.objects.filter(task__queue="pausable", started_at__gt=resumed_at).order_by("started_at")[0]
+    assert first.started_at - resumed_at < timedelta(seconds=1), "the resume woke the claimer at once"
+    _completed("pausable", 61, timeout=60)
+
+
+def test_a_key_with_a_flood_does_not_hold_back_the_first_task_of_any_other_key(stack):
+    Queue.objects.create(name="shared", max_running_per_key=2)
+    _, addr = stack.dispatcher()
+    _workers(stack, [addr], "shared", 2)
+    # The flood first: in arrival order, every other key's tasks wait behind its thousand.
+    services.task_enqueue_many([{"task_name": "echo", "queue": "shared", "concurrency_key": "big"}] * 1000)
+    services.task_enqueue_many([{"task_name": "echo", "queue": "shared", "concurrency_key": f"small-{i}"}
+                                for i in range(9) for _ in range(10)])
+    wait_for(lambda: TaskRun.objects.filter(task__queue="shared", task__concurrency_key="big").count() >= 50, 60,
+             what="the big key's 50th start")
+    wait_for(lambda: TaskRun.objects.filter(task__queue="shared").exclude(task__concurrency_key="big")
+             .values("task__concurrency_key").distinct().count() == 9, 30, what="a start of every small key")
+    runs = _runs("shared")
+    big_50th = [start for start, _, key in runs if key == "big"][49]
+    firsts: dict[str, datetime] = {}
+    for start, _, key in runs:
+        firsts.setdefault(key, start)
+    assert all(firsts[f"small-{i}"] < big_50th for i in range(9)), "a small key's first task came after the 50th"
+    by_key: dict[str | None, list] = defaultdict(list)
+    for run in runs:
+        by_key[run[2]].append(run)
+    assert max(_most_at_once(key_runs) for key_runs in by_key.values()) <= 2
+
+
+def test_limits_changed_while_draining_take_effect_within_a_second(stack):
+    Queue.objects.create(name="tuned", max_running=2)
+    _, addr = stack.dispatcher(VALKA_DISPATCH_POLL_INTERVAL="30")
+    _workers(stack, [addr], "tuned", 2)
+    sampler = Sampler("tuned")
+    services.task_enqueue_many([{"task_name": "sleep", "queue": "tuned", "input": {"seconds": 0.2}}] * 150)
+    wait_for(lambda: TaskRun.objects.filter(task__queue="tuned").count() >= 4, what="the drain under way")
+    raised = time.monotonic()
+    services.queue_update(name="tuned", data={"max_running": 6})
+    time.sleep(2.5)
+    lowered = time.monotonic()
+    services.queue_update(name="tuned", data={"max_running": 1})
+    time.sleep(2.5)
+    sampler.stop()
+    assert sampler.most(until=raised) <= 2
+    assert sampler.most(since=raised + 1, until=lowered) == 6, "the higher limit was used within a second"
+    # Lowered, running tasks carry on (0.2 s each): within a second and their end, one at a time.
+    assert sampler.most(since=lowered + 1.2) <= 1
+    with connection.cursor() as cur:
+        cur.execute("SELECT count(*) FROM tasks WHERE queue = 'tuned' AND status = 'PENDING'")
+        assert cur.fetchone()[0] > 0, "the drain was still going when it was measured"
