@@ -31,6 +31,7 @@ from django.db import connection, transaction
 from django.utils import timezone
 
 from tasks.sql import dashboard as sql
+from tasks.sql import queues as queues_sql
 from tasks.states import TaskStatus
 
 COUNT_CAP = 10_000
@@ -143,6 +144,33 @@ def chart(series: list[tuple[datetime, dict[str, int]]], *, width: int = 720, he
     return {"width": width, "height": height, "top": top, "bars": bars, "totals": totals}
 
 
+def limits_text(*, max_running: int | None, rate_limit: int | None, rate_period_seconds: int,
+                max_running_per_key: int | None) -> str:
+    """A queue's limits as the console shows them: "5 running · 20 per 1 s · 2 per key", or "—"."""
+    parts = []
+    if max_running is not None:
+        parts.append(f"{max_running} running")
+    if rate_limit is not None:
+        parts.append(f"{rate_limit} per {rate_period_seconds} s")
+    if max_running_per_key is not None:
+        parts.append(f"{max_running_per_key} per key")
+    return " · ".join(parts) or "—"
+
+
+def queue_controls(names: list[str]) -> dict[str, dict[str, Any]]:
+    """{queue: {"paused": its pause is in force, "paused_until", "limits": limits_text}} for the
+    queues of `names` that have a row."""
+    columns = ["name", "paused_now", "paused_until", "max_running", "rate_limit", "rate_period_seconds",
+               "max_running_per_key"]
+    statement = f"SELECT {', '.join(columns)} FROM ({queues_sql.QUEUE_ROWS}) q"
+    controls = {}
+    for name, paused, until, max_running, rate_limit, period, per_key in _rows(statement, {"names": names}):
+        controls[name] = {"paused": paused, "paused_until": until if paused else None,
+                          "limits": limits_text(max_running=max_running, rate_limit=rate_limit,
+                                                rate_period_seconds=period, max_running_per_key=per_key)}
+    return controls
+
+
 def age(seconds: float | None) -> str:
     """A short human duration: 850 ms, 12 s, 4 min, 3.5 h, 2.0 d."""
     if seconds is None:
@@ -165,14 +193,18 @@ def overview(*, now: datetime | None = None) -> dict[str, Any]:
     workers = connected_workers()
     statuses = [s.value for s in TaskStatus]
     rows = []
-    for queue in sorted(set(counts) | set(lag)):
+    names = sorted(set(counts) | set(lag))
+    controls = queue_controls(names)
+    for queue in names:
         cells = [{"status": s, "n": counts.get(queue, {}).get(s, 0)} for s in statuses]
         for cell in cells:
             cell["label"] = str(cell["n"])
             if cell["n"] >= COUNT_CAP:
                 estimate = planner_estimate(sql.CELL, {"queue": queue, "status": cell["status"]})
                 cell["label"] = f"≈{compact(max(estimate, COUNT_CAP))}"
-        rows.append({"queue": queue, "cells": cells, "lag": age(lag.get(queue)), "lagging": bool(lag.get(queue))})
+        control = controls.get(queue, {"paused": False, "paused_until": None, "limits": "—"})
+        rows.append({"queue": queue, "cells": cells, "lag": age(lag.get(queue)), "lagging": bool(lag.get(queue)),
+                     **control})
     return {
         "statuses": statuses,
         "rows": rows,

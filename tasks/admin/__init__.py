@@ -8,13 +8,13 @@ permission: a refused POST is a 403, and CSRF is checked by `admin_view` as
 everywhere in the admin. Pages read through indexed, bounded queries
 (`tasks.dashboard`).
 
-One module per model (tasks, dead_letters, workers, api_keys), the base they
+One module per model (tasks, queues, dead_letters, workers, api_keys), the base they
 share (console), the list filters (filters) and the overview page (overview).
 """
 
 from django.contrib import admin
 
-from tasks.admin import api_keys, dead_letters, tasks, workers  # noqa: F401  (they register their models)
+from tasks.admin import api_keys, dead_letters, queues, tasks, workers  # noqa: F401  (they register their models)
 
 admin.site.site_header = admin.site.site_title = "Valka"
 admin.site.index_title = "Overview"

@@ -14,7 +14,7 @@ from django.conf import settings
 from django.db import connection
 from django.urls import NoReverseMatch, reverse
 
-from tasks.models import DeadLetter, Task
+from tasks.models import DeadLetter, Queue, Task
 from tests.factories import DeadLetterFactory, TaskFactory, TaskLogFactory, TaskRunFactory
 
 CHROMIUM = "/usr/bin/chromium"
@@ -108,6 +108,22 @@ def test_overview_then_replay_a_dead_letter(page):
     expect(page.locator("#vk-replayed-from")).to_contain_text(str(letter.task_id))
     assert DeadLetter.objects.get(id=letter.id).replay_task_id == new.id
     shot(page, "task-replayed.png")
+
+
+def test_pause_and_resume_a_queue_from_the_queues_page(page):
+    TaskFactory.create_batch(2, queue="mail")
+    TaskFactory(queue="reports", status="RUNNING")
+    Queue.objects.filter(name="reports").update(max_running=4, rate_limit=30, rate_period_seconds=60)
+    page.click(".vk-nav >> text=Queues")
+    row = page.locator('#vk-queues tr[data-queue="mail"]')
+    row.locator("input.vk-pause").click()
+    expect(page.locator('#vk-queues tr[data-queue="mail"] .vk-paused')).to_have_text("PAUSED")
+    expect(page.locator('#vk-queues tr[data-queue="reports"] .vk-running-now')).to_have_text("1 / 4")
+    assert Queue.objects.get(name="mail").paused
+    shot(page, "queues.png")
+    page.locator('#vk-queues tr[data-queue="mail"] input.vk-resume').click()
+    expect(page.locator('#vk-queues tr[data-queue="mail"] .vk-paused')).to_have_count(0)
+    assert not Queue.objects.get(name="mail").paused
 
 
 def test_live_tail_follows_a_running_run(page):
