@@ -328,9 +328,9 @@ ORDER BY part, priority DESC, run_at, id
 # the claimer's counts since its last, into task_counters as the triggers keep them. --
 RECORD_LIMITED = """
 INSERT INTO task_counters AS c (minute, queue, kind, shard, n)
-SELECT date_trunc('minute', now()), i.queue, 'limited_' || i.reason, pg_backend_pid(), i.n
+SELECT date_trunc('minute', now()), i.queue, 'limited_' || i.reason, pg_backend_pid(), sum(i.n)
 FROM unnest(%(queues)s::text[], %(reasons)s::text[], %(counts)s::bigint[]) AS i(queue, reason, n)
-ORDER BY 2, 3
+GROUP BY i.queue, i.reason ORDER BY 2, 3
 ON CONFLICT (minute, queue, kind, shard) DO UPDATE SET n = c.n + EXCLUDED.n
 """
 

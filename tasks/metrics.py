@@ -6,7 +6,8 @@ Several dispatchers and web processes run at once and restart at will, so no
 number here lives in a process. Gauges are read from the tables when scraped;
 the `*_total` counters come from `task_counters`, which a trigger keeps in the
 same transaction as every insert and status change (tasks/sql/schema/counters.sql),
-so they survive restarts and add up across nodes. The two histograms describe a
+so they survive restarts and add up across nodes; so does `valka_queue_limited_total`, whose
+counts each dispatcher adds there at most once a second. The two histograms describe a
 recent window (`WINDOW_SECONDS`) and are exposed as gauge histograms: read their
 buckets directly (`histogram_quantile(0.9, valka_run_duration_seconds_bucket)`),
 without `rate()`. The statements are in tasks/sql/metrics.py.
@@ -32,10 +33,11 @@ from rest_framework.exceptions import AuthenticationFailed
 from tasks import dashboard
 from tasks.api.auth import ApiKeyAuthentication
 from tasks.sql import metrics as sql
-from tasks.states import ACTIVE_STATES
+from tasks.states import ACTIVE_STATES, TaskStatus
 from valka.conf import valka_settings
 
 WINDOW_SECONDS = 300
+LIMITED_KIND = "limited_"  # task_counters kinds of valka_queue_limited_total, one per limit (dispatcher/sql.py)
 SAMPLE_LIMIT = 10_000  # at most this many runs per histogram per scrape
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 DURATION_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0, 900.0, 3600.0)
@@ -81,6 +83,21 @@ class ValkaCollector:
         with connection.cursor() as cursor:
             cursor.execute(sql.WORKERS_CONNECTED)
             workers = cursor.fetchone()[0]
+            cursor.execute(sql.QUEUES_PAUSED)
+            paused = dict(cursor.fetchall())
+
+        paused_family = GaugeMetricFamily("valka_queue_paused", "1 while the queue's pause is in force.",
+                                          labels=["queue"])
+        for queue, is_paused in paused.items():
+            paused_family.add_metric([queue], float(is_paused))
+        yield paused_family
+        running = GaugeMetricFamily("valka_queue_running", "Tasks DISPATCHING or RUNNING (what max_running holds).",
+                                    labels=["queue"])
+        for queue in sorted(set(paused) | set(active)):
+            by_status = active.get(queue, {})
+            running.add_metric([queue], by_status.get(TaskStatus.DISPATCHING.value, 0)
+                               + by_status.get(TaskStatus.RUNNING.value, 0))
+        yield running
 
         lag = GaugeMetricFamily("valka_queue_lag_seconds", "Age of the oldest due PENDING task, by queue.",
                                 labels=["queue"])
@@ -97,6 +114,12 @@ class ValkaCollector:
                 if k == kind:
                     family.add_metric([queue], n)
             yield family
+        limited = CounterMetricFamily("valka_queue_limited", "Claims a limit held back, by queue and limit.",
+                                      labels=["queue", "reason"])
+        for (queue, kind), n in sorted(totals.items()):
+            if kind.startswith(LIMITED_KIND):
+                limited.add_metric([queue, kind.removeprefix(LIMITED_KIND)], n)
+        yield limited
 
         params = {"window": WINDOW_SECONDS, "limit": SAMPLE_LIMIT,
                   # a minute of slack for clocks of the dispatchers that minted the run ids

@@ -1,6 +1,10 @@
 """The reads behind `GET /metrics` (tasks.metrics) that tasks.dashboard does not already make."""
 
+from tasks.sql.queues import PAUSED_NOW
 from tasks.states import FINAL_STATES
+
+# -- Every queue that has a row, and whether its pause is in force. --
+QUEUES_PAUSED = f"SELECT q.name, {PAUSED_NOW} FROM queues q ORDER BY q.name"
 
 # -- Workers connected to a dispatcher. --
 WORKERS_CONNECTED = "SELECT count(*) FROM workers WHERE status = 'CONNECTED'"

@@ -14,8 +14,9 @@ from django.test.utils import CaptureQueriesContext
 from django.utils import timezone
 from prometheus_client.parser import text_string_to_metric_families
 
+from dispatcher.sql import RECORD_LIMITED
 from tasks.metrics import exposition
-from tasks.models import Task, TaskRun
+from tasks.models import Queue, Task, TaskRun
 from tests.factories import TaskFactory, TaskRunFactory, WorkerFactory
 
 pytestmark = pytest.mark.django_db
@@ -61,6 +62,24 @@ def test_metrics_are_computed_from_the_database(client):
     duration = "valka_run_duration_seconds_bucket[('le', '{}')]"
     assert (m[duration.format("2.5")], m[duration.format("5.0")], m[duration.format("+Inf")]) == (0, 1, 1)
     assert m["valka_run_duration_seconds_gsum[]"] == pytest.approx(3, abs=0.01)
+
+
+def test_queue_metrics_come_from_the_database(client):
+    TaskFactory(queue="paused", status="PENDING")
+    TaskFactory(queue="busy", status="RUNNING")
+    TaskFactory(queue="busy", status="DISPATCHING")
+    Queue.objects.filter(name="paused").update(paused=True)
+    with connection.cursor() as cursor:  # as the dispatchers record them (dispatcher/sql.py RECORD_LIMITED)
+        cursor.execute(RECORD_LIMITED, {"queues": ["busy", "busy", "busy"], "counts": [3, 2, 1],
+                                        "reasons": ["max_running", "rate_limit", "max_running"]})
+    m = metrics(client)
+    assert m["valka_queue_paused[('queue', 'paused')]"] == 1
+    assert m["valka_queue_paused[('queue', 'busy')]"] == 0
+    assert m["valka_queue_running[('queue', 'busy')]"] == 2
+    assert m["valka_queue_running[('queue', 'paused')]"] == 0
+    assert m["valka_queue_limited_total[('queue', 'busy'), ('reason', 'max_running')]"] == 4
+    assert m["valka_queue_limited_total[('queue', 'busy'), ('reason', 'rate_limit')]"] == 2
+    assert not any(key.startswith("valka_tasks_limited") for key in m)
 
 
 def test_metrics_can_require_authentication(client, admin_client, api_key):
