@@ -15,9 +15,9 @@ claimed at once.
 
 A queue with controls (docs/queues.md; what this node knows of them is `controls`) is claimed
 with CLAIM_LIMITED, one claim of it at a time across the cluster, or not at all while paused.
-Its claim says when to look again: its rate window's next opening (a timer here), or, with a
-running limit, the NOTIFY valka_queue_slot_freed that a task's written end sends (a result here
-frees no slot of such a queue before then). A rate-limited queue is claimed again once the
+Its claim says when to look again: its rate window's next opening (a timer here), or, while a
+running limit holds it back, the NOTIFY valka_queue_slot_freed that a task's written end sends (a
+result here frees no slot of such a queue before then). A rate-limited queue is claimed again once the
 tasks of its last claim have started, which keeps the window's stamps close to the starts.
 The claims a limit held back are counted, and written at most once a second.
 """
@@ -42,6 +42,8 @@ from dispatcher.session import InFlight, SessionRegistry, WorkerSession
 from valka.ids import uuid7_text_many
 
 log = logging.getLogger("valka.dispatcher")
+
+RUNNING_LIMITS = ("max_running", "max_running_per_key")  # the limits a task's end makes room in
 
 
 @dataclass(frozen=True)
@@ -75,12 +77,13 @@ class Limited:
 
 
 async def claim_limited(conn: AsyncConnection, *, queue: str, limit: int, node_id: str) -> tuple[list[tuple], Limited]:
-    """LOCK_QUEUE then CLAIM_LIMITED, in one transaction (prepared, as `claim`)."""
+    """LOCK_QUEUE then CLAIM_LIMITED, in one transaction (prepared, as `claim`), sent together with
+    its BEGIN and COMMIT: one round trip, not four."""
     params = {"queue": queue, "limit": limit, "node_id": node_id}
-    async with conn.transaction():
+    async with conn.pipeline(), conn.transaction():
         await conn.execute(sql.LOCK_QUEUE, params, prepare=True)
-        rows = await (await conn.execute(sql.CLAIM_LIMITED, params, prepare=True)).fetchall()
-    *tasks, answer = rows
+        cur = await conn.execute(sql.CLAIM_LIMITED, params, prepare=True)
+    *tasks, answer = await cur.fetchall()
     return [row[:9] for row in tasks], Limited(*answer[9:13])
 
 
@@ -135,6 +138,7 @@ class Claimer:
         self._limited: Counter[tuple[str, str]] = Counter()  # (queue, limit): claims held back, not yet written
         self._limited_at = 0.0
         self._waiters: set[asyncio.Task] = set()
+        self._held_by_running: set[str] = set()  # queues whose last claim max_running(_per_key) held back
 
     def wake(self, queue: str | None = None) -> None:
         if queue is None:
@@ -150,9 +154,10 @@ class Claimer:
         self.wake(queue)
 
     def freed(self, queue: str) -> None:
-        """A slot of `queue` was freed (a result came back). A queue held to a running limit counts
-        its task until the result is written: `slot_freed` comes then."""
-        if not self.controls.counted(queue):
+        """A slot of `queue` was freed (a result came back). While a running limit holds the queue's
+        claims back, its task counts until the result is written: `slot_freed` comes then, by NOTIFY
+        (a claim now would find no room)."""
+        if queue not in self._held_by_running:
             self.slot_freed(queue)
 
     def slot_freed(self, queue: str) -> None:
@@ -279,6 +284,10 @@ class Claimer:
             self.queue_changed(queue)
         if answer.held is not None:
             self._limited[(queue, answer.held)] += 1
+        if answer.held in RUNNING_LIMITS:
+            self._held_by_running.add(queue)
+        else:
+            self._held_by_running.discard(queue)
         if answer.retry_in is not None:
             self._retry_at[queue] = asyncio.get_running_loop().time() + answer.retry_in
         if not rows:

@@ -27,7 +27,7 @@ OPEN, PAUSED, LIMITED = "open", "paused", "limited"
 class Control:
     paused: bool
     resumes_at: float | None  # the clock's time the pause ends by itself; None: until resumed
-    counted: bool  # max_running or max_running_per_key: a slot is free once a task's end is written
+    limited: bool  # a limit is set: max_running, rate_limit or max_running_per_key
     rated: bool  # rate_limit
 
 
@@ -50,8 +50,8 @@ class QueueControls:
         rows = await (await conn.execute(sql.QUEUE_CONTROLS)).fetchall()
         self._by_queue = {
             name: Control(paused=paused, resumes_at=now + resumes_in if paused and resumes_in is not None else None,
-                          counted=counted, rated=rated)
-            for name, paused, resumes_in, counted, rated in rows
+                          limited=limited, rated=rated)
+            for name, paused, resumes_in, limited, rated in rows
         }
         self._read_at = now
 
@@ -61,11 +61,7 @@ class QueueControls:
             return OPEN
         if control.paused and (control.resumes_at is None or self.clock() < control.resumes_at):
             return PAUSED
-        return LIMITED if control.counted or control.rated else OPEN
-
-    def counted(self, queue: str) -> bool:
-        control = self._by_queue.get(queue)
-        return control is not None and control.counted
+        return LIMITED if control.limited else OPEN
 
     def rated(self, queue: str) -> bool:
         control = self._by_queue.get(queue)
@@ -82,5 +78,5 @@ class QueueControls:
         due = [q for q, c in self._by_queue.items() if c.paused and c.resumes_at is not None and c.resumes_at <= now]
         for queue in due:
             c = self._by_queue[queue]
-            self._by_queue[queue] = Control(paused=False, resumes_at=None, counted=c.counted, rated=c.rated)
+            self._by_queue[queue] = Control(paused=False, resumes_at=None, limited=c.limited, rated=c.rated)
         return due

@@ -129,10 +129,10 @@ def claim_params(*, queue: str, limit: int, node_id: str, after: tuple | None = 
 # (docs/queues.md says what each control does; this is how the claim keeps them.)
 
 # -- Which queues have controls, as a dispatcher caches them (dispatcher.controls): paused (for how
-# many more seconds, when the pause has an end), held to a running limit, or to a rate. --
+# many more seconds, when the pause has an end), limited, and held to a rate. --
 QUEUE_CONTROLS = f"""
 SELECT q.name, {PAUSED_NOW} AS paused, EXTRACT(EPOCH FROM q.paused_until - now())::float8 AS resumes_in,
-       q.max_running IS NOT NULL OR q.max_running_per_key IS NOT NULL AS counted,
+       q.max_running IS NOT NULL OR q.rate_limit IS NOT NULL OR q.max_running_per_key IS NOT NULL AS limited,
        q.rate_limit IS NOT NULL AS rated
 FROM queues q
 WHERE {CONTROLLED}

@@ -109,21 +109,22 @@ def test_a_rate_limited_queue_is_claimed_again_when_its_window_opens():
     assert waiters, "after a claim it waits for the starts, to stamp them"
 
 
-def test_a_result_frees_no_slot_of_a_counted_queue_until_its_end_is_written():
-    task_enqueue_many([{"task_name": "t", "queue": "c"}, {"task_name": "t", "queue": "plain"}])
-    _settings("c", max_running=5)
+def test_while_a_running_limit_holds_a_queue_back_a_result_frees_no_slot_until_its_end_is_written():
+    task_enqueue_many([{"task_name": "t", "queue": "q"}] * 3)
+    _settings("q", max_running=1)
 
     async def body(claimer, slots):
         claimer._wake.clear()
-        claimer.freed("c")
-        counted = claimer._wake.is_set()
-        claimer.slot_freed("c")  # the NOTIFY the written end sends
-        freed_on_notify = claimer._wake.is_set()
+        claimer.freed("q")
+        before_any_claim = claimer._wake.is_set()  # nothing held it back yet: a claim may find room
+        assert await claimer.claim_queue("q") == 1  # held back by max_running
         claimer._wake.clear()
-        claimer.freed("plain")
-        return counted, freed_on_notify, claimer._wake.is_set()
+        claimer.freed("q")
+        held = claimer._wake.is_set()
+        claimer.slot_freed("q")  # the NOTIFY the written end sends
+        return before_any_claim, held, claimer._wake.is_set()
 
-    assert asyncio.run(_with_claimer(body)) == (False, True, True)
+    assert asyncio.run(_with_claimer(body)) == (True, False, True)
 
 
 def test_held_back_claims_are_counted_in_the_database():
