@@ -2,7 +2,9 @@
 
 Drain: N no-op tasks committed in one transaction while the workers are idle,
 then the time until the last of them is COMPLETED: max(finished_at) minus the
-moment the commit returned. Latency: idle workers, `stamp` tasks enqueued one
+moment the commit returned. The same drain runs on queues with controls: one
+whose max_running is the workers' slots, and one whose tasks have 100
+concurrency keys under max_running_per_key (`controlled`). Latency: idle workers, `stamp` tasks enqueued one
 by one through the in-process API at a steady pace; the handler's start time
 (in the task's output) minus the moment `enqueue` returned.
 
@@ -21,18 +23,24 @@ from bench.measure import latency_summary, paced, rounds_summary, wait_until_don
 
 DRAIN_QUEUE = "drain"
 LATENCY_QUEUE = "latency"
+CAPPED_QUEUE = "drain_capped"  # max_running = the workers' slots
+KEYED_QUEUE = "drain_keyed"  # KEYS concurrency keys, max_running_per_key
+KEYS = 100
 CHUNK = 1000
 
 
-def enqueue_committed(n: int, queue: str, task_name: str = "noop") -> float:
-    """Insert n tasks in one transaction (batches of 1,000); returns time.time() once committed."""
+def enqueue_committed(n: int, queue: str, task_name: str = "noop", keys: int = 0) -> float:
+    """Insert n tasks in one transaction (batches of 1,000), round-robin over `keys` concurrency
+    keys if any; returns time.time() once committed."""
     from django.db import transaction
 
     from tasks.services import task_enqueue_many
 
     with transaction.atomic():
         for start in range(0, n, CHUNK):
-            task_enqueue_many([{"task_name": task_name, "queue": queue}] * min(CHUNK, n - start))
+            task_enqueue_many([{"task_name": task_name, "queue": queue,
+                                "concurrency_key": f"key-{i % keys}" if keys else None}
+                               for i in range(start, min(start + CHUNK, n))])
     return time.time()
 
 
@@ -54,7 +62,7 @@ def _completed_counter(queue: str) -> int:
 
 
 def drain(database_url: str, *, n: int, rounds: int, queue: str = DRAIN_QUEUE, label: str = "drain",
-          timeout: float | None = None, task_name: str = "noop") -> dict[str, Any]:
+          timeout: float | None = None, task_name: str = "noop", keys: int = 0) -> dict[str, Any]:
     """Median over `rounds` of n / (last finished_at − commit time)."""
     rates = []
     timeout = timeout or max(120.0, n / 50)
@@ -62,13 +70,30 @@ def drain(database_url: str, *, n: int, rounds: int, queue: str = DRAIN_QUEUE, l
         for r in range(rounds):
             since = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
             before = _completed_counter(queue)
-            t0 = enqueue_committed(n, queue, task_name)
+            t0 = enqueue_committed(n, queue, task_name, keys=keys)
             wait_until_done(lambda b=before: _completed_counter(queue) - b, n,
                             f"{label} {r + 1}/{rounds}", timeout)
             done, last = _completed_since(conn, queue, since)
             assert last is not None and done == n
             rates.append(n / max(last.timestamp() - t0, 1e-6))
     return rounds_summary(rates, n=n)
+
+
+def controlled(database_url: str, *, n: int, rounds: int, slots: int) -> dict[str, Any]:
+    """The drain on a queue whose max_running is the workers' `slots`, and on one whose tasks have
+    KEYS keys under max_running_per_key (twice a fair share of the slots, so the claim's turns
+    are measured, not the limit). The workers serve both queues: their hellos made the rows."""
+    from tasks.services import queue_update
+
+    per_key = max(1, -(-2 * slots // KEYS))
+    queue_update(name=CAPPED_QUEUE, data={"max_running": slots})
+    queue_update(name=KEYED_QUEUE, data={"max_running_per_key": per_key})
+    return {
+        "max_running": {**drain(database_url, n=n, rounds=rounds, queue=CAPPED_QUEUE,
+                                label=f"drain, max_running {slots}"), "max_running": slots},
+        "keys": {**drain(database_url, n=n, rounds=rounds, queue=KEYED_QUEUE, keys=KEYS,
+                         label=f"drain, {KEYS} keys"), "keys": KEYS, "max_running_per_key": per_key},
+    }
 
 
 def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = LATENCY_QUEUE,

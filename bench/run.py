@@ -48,7 +48,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
                    help="schedules fired in one minute, and idle")
     p.add_argument("--schedule-idle-seconds", type=float, default=float(env("BENCH_SCHEDULE_IDLE_SECONDS", 60)))
     p.add_argument("--skip", default=env("BENCH_SKIP", ""),
-                   help="comma-separated: enqueue,drain,django,latency,floor,scale,schedules,memory")
+                   help="comma-separated: enqueue,drain,controls,django,latency,floor,scale,schedules,memory")
     p.add_argument("--peers", action="store_true", help="also run Celery+Redis, Procrastinate and django-tasks-db")
     p.add_argument("--celery-concurrency", type=int, default=int(env("BENCH_CELERY_CONCURRENCY", 2)))
     p.add_argument("--procrastinate-concurrency", type=int, default=int(env("BENCH_PROCRASTINATE_CONCURRENCY", 8)))
@@ -76,7 +76,7 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
     url = stack.database_url
     dispatcher, addr = stack.dispatcher()
     workers = stack.workers(addr, count=opts.workers, concurrency=opts.concurrency,
-                            queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE])
+                            queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE])
     out["memory"] = {"dispatcher_idle_start_mib": memory.rss({"d": dispatcher})["d"],
                      "worker_idle_start_mib": memory.rss({"w": workers[0]})["w"]}
     web = None
@@ -97,6 +97,8 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
     if "drain" not in skip:
         out["drain"] = drain.drain(url, n=opts.n, rounds=opts.rounds)
         out["memory"]["worker_mib"] = memory.rss({"w": workers[0]})["w"]
+    if "controls" not in skip:
+        out["controls"] = drain.controlled(url, n=opts.n, rounds=opts.rounds, slots=opts.workers * opts.concurrency)
     if "django" not in skip:
         worker = stack.django_worker(addr, web or "http://127.0.0.1:8989", concurrency=opts.django_concurrency,
                                      queue=django_tasks.DRAIN_QUEUE)

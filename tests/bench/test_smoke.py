@@ -4,6 +4,7 @@ import pytest
 
 from bench import drain, measure, report
 from bench.stack import BenchStack
+from tasks.models import Task
 from tests.helpers import database_url
 
 
@@ -18,9 +19,14 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
     stack = BenchStack(database_url(), tmp_path)
     try:
         _, addr = stack.dispatcher()
-        stack.workers(addr, count=1, concurrency=8, queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE])
+        stack.workers(addr, count=1, concurrency=8,
+                      queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE])
         drained = drain.drain(database_url(), n=50, rounds=1, timeout=20)
         assert drained["n"] == 50 and len(drained["rounds"]) == 1 and drained["rate_per_s"] > 0
+        controlled = drain.controlled(database_url(), n=30, rounds=1, slots=8)
+        assert controlled["max_running"]["n"] == 30 and controlled["max_running"]["max_running"] == 8
+        assert controlled["keys"]["n"] == 30 and controlled["keys"]["max_running_per_key"] == 1
+        assert Task.objects.filter(queue=drain.KEYED_QUEUE).values("concurrency_key").distinct().count() == 30
         waited = drain.latency(database_url(), count=5, rate=50)
         # From the call's start a handler cannot have started yet; from its return it can seem to
         # have, on a busy machine that runs the worker before the enqueuing thread again.
