@@ -12,6 +12,11 @@ from tasks.states import TaskStatus, guarded_update
 CLAIMED = ("id::text, task_name, queue, input::text, metadata::text, attempt_count + 1 AS attempt_number, "
            "timeout_seconds, priority, run_at")
 
+# A claim's move: its `picked` rows, by address, PENDING → DISPATCHING for this node.
+MOVE_PICKED = guarded_update(TaskStatus.DISPATCHING, sources=[TaskStatus.PENDING],
+                             where="ctid = ANY(ARRAY(SELECT ctid FROM picked))", set="claimed_by = %(node_id)s",
+                             returning=CLAIMED)
+
 # -- The claim connections' settings (they run CLAIM and nothing else). --
 # A claim is a few index probes and an update by address, whatever the table holds. A queue
 # table's statistics are always behind (taken when it was empty, or before the last burst), and
@@ -102,13 +107,7 @@ WITH RECURSIVE open AS MATERIALIZED (
     WHERE (SELECT yes FROM open)
     LIMIT %(limit)s
 ), claimed AS (
-    """ + guarded_update(
-    TaskStatus.DISPATCHING,
-    sources=[TaskStatus.PENDING],
-    where="ctid = ANY(ARRAY(SELECT ctid FROM picked))",
-    set="claimed_by = %(node_id)s",
-    returning=CLAIMED,
-) + """
+    """ + MOVE_PICKED + """
 )
 (SELECT * FROM claimed
  WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
@@ -283,13 +282,7 @@ WITH RECURSIVE queue AS MATERIALIZED (
     SELECT ctid, key, round, turn FROM candidates
     ORDER BY round, turn, priority DESC, run_at, id LIMIT (SELECT n FROM allowance)
 ), claimed AS (
-    """ + guarded_update(
-    TaskStatus.DISPATCHING,
-    sources=[TaskStatus.PENDING],
-    where="ctid = ANY(ARRAY(SELECT ctid FROM picked))",
-    set="claimed_by = %(node_id)s",
-    returning=CLAIMED,
-) + """
+    """ + MOVE_PICKED + """
 ), kept AS (
     UPDATE queues q
     SET rate_stamps = w.stamps, rate_counts = w.counts, rate_pending = u.n + (SELECT count(*) FROM claimed),

@@ -140,4 +140,5 @@ class QueueAdmin(ConsoleAdmin):
         return TemplateResponse(request, "admin/tasks/queue/limits.html", {
             **self.admin_site.each_context(request), "opts": self.opts, "title": f"Limits of {name}",
             "form": form, "view": view, "can_change": self.has_limits_permission(request),
+            "read_only": not self.has_limits_permission(request),
         })
