@@ -187,13 +187,15 @@ def queue_name(value: Any) -> str:
 
 
 def queue_get(*, name: Any) -> QueueView:
-    """One queue, made a row first if it has tasks or workers and none yet; NOT_FOUND if it has neither."""
+    """One queue (with the defaults while it has tasks or workers and no row yet); NOT_FOUND if it
+    has no row, tasks or workers."""
     name = queue_name(name)
     with connection.cursor() as cursor:
-        cursor.execute(queues_sql.ENSURE_QUEUE, {"name": name})
         rows = _queue_rows([name])
         if name not in rows:
-            raise NotFound(f"queue {name} not found")
+            cursor.execute(queues_sql.QUEUE_IN_USE, {"name": name})
+            if not cursor.fetchone()[0]:
+                raise NotFound(f"queue {name} not found")
         cursor.execute(queues_sql.QUEUE_STATUS_COUNTS, {"name": name, "cap": dashboard.COUNT_CAP,
                                                         "statuses": [s.value for s in TaskStatus]})
         counts = dict(cursor.fetchall())

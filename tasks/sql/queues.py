@@ -39,6 +39,12 @@ SELECT s.status, (SELECT count(*) FROM (SELECT 1 FROM tasks t WHERE t.queue = %(
 FROM unnest(%(statuses)s::text[]) AS s(status)
 """
 
+# -- Whether a queue has tasks or a worker serving it (it may not have its row yet). --
+QUEUE_IN_USE = """
+SELECT EXISTS (SELECT 1 FROM tasks WHERE queue = %(name)s)
+    OR EXISTS (SELECT 1 FROM workers WHERE %(name)s = ANY(queues))
+"""
+
 # -- A queue's row, made first if the queue has tasks or a worker and no row yet (a row missed
 # when its first task came: tasks/sql/schema/queues.sql). Answers nothing for an unknown queue. --
 ENSURE_QUEUE = """

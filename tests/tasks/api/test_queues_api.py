@@ -47,13 +47,14 @@ def test_one_queue_and_an_unknown_one(client_api):
     assert not Queue.objects.filter(name="nope").exists()
 
 
-def test_a_queue_whose_row_was_missed_gets_one_when_asked_for():
+def test_a_queue_whose_row_was_missed_reads_as_unlimited_and_gets_its_row_when_changed(client_api):
     TaskFactory(queue="late")
     Queue.objects.filter(name="late").delete()
-    from tasks import selectors
-
-    assert selectors.queue_get(name="late").queue.name == "late"
-    assert Queue.objects.filter(name="late").exists()
+    body = client_api.get(f"{URL}/late").json()
+    assert body["name"] == "late" and body["max_running"] is None and body["paused"] is False
+    assert not Queue.objects.filter(name="late").exists(), "a read writes nothing"
+    assert client_api.patch(f"{URL}/late", {"max_running": 2}, format="json").json()["max_running"] == 2
+    assert _row("late")["max_running"] == 2
 
 
 @pytest.mark.django_db(transaction=True)  # the NOTIFY is heard once committed
