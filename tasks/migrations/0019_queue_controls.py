@@ -11,7 +11,7 @@ from tasks.sql import schema
 # (rows for new queues, the NOTIFY when a limited queue's slot frees).
 
 # schema.sha256() when this migration was written (tests/tasks/test_schema_files.py).
-SCHEMA_SHA256 = "3bc2d423602560aab70f0a379ee4427978a1fd65b62f6e7b4280709ac101595b"
+SCHEMA_SHA256 = "cb3c3183c3168e5c058658dc4119c194be679f5ee00a1a21937a65b63865e20d"
 
 COUNTER_KINDS = "'created', 'completed', 'failed', 'retried', 'dead_lettered', 'cancelled'"
 LIMITED_KINDS = "'limited_max_running', 'limited_rate_limit', 'limited_max_running_per_key'"
