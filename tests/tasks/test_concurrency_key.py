@@ -12,7 +12,7 @@ from tasks.errors import ValidationError
 from tasks.models import DeadLetter, Task
 from tests.factories import TaskFactory
 from tests.helpers import assert_error
-from valka.v1 import api_pb2
+from valka_sdk.v1 import api_pb2
 
 pytestmark = pytest.mark.django_db
 
