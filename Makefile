@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml sdk/pyproject.toml constraints.txt
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check --upgrade pip
 	@# One call: the server's dependency on valka-sdk is met by ./sdk, with no index lookup for it.
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e './sdk[django]' -e '.[dev]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e './sdk[django,otel]' -e '.[dev]'
 	@touch $(STAMP)
 
 install: $(STAMP)
@@ -53,7 +53,7 @@ PEERS_VENV := .venv-peers
 PEERS_STAMP := $(PEERS_VENV)/.installed-stamp
 
 $(BENCH_STAMP): $(STAMP)
-	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e './sdk[django]' -e '.[dev,bench]'
+	$(PY) -m pip install --quiet --disable-pip-version-check -c constraints.txt -e './sdk[django,otel]' -e '.[dev,bench]'
 	@touch $(BENCH_STAMP)
 
 bench: $(BENCH_STAMP)

@@ -72,6 +72,28 @@ def staff_client(django_user_model):
     return make
 
 
+# -- Tracing. --
+
+@pytest.fixture
+def spans():
+    """A tracer provider for this test that keeps its finished spans in memory (the exporter's
+    `get_finished_spans()`); the process has none again afterwards."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+    from opentelemetry.test.globals_test import reset_trace_globals
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    reset_trace_globals()
+    trace.set_tracer_provider(provider)
+    yield exporter
+    provider.shutdown()
+    reset_trace_globals()
+
+
 # -- The real stack: dispatcher, scheduler, web and SDK workers as processes (tests.helpers.Stack). --
 
 @pytest.fixture
