@@ -17,6 +17,7 @@ from tasks.errors import Forbidden, ValkaError
 from tasks.live import LAGGED, Fanout, Lagged, decode_events, tail_run_log
 from tasks.models import TaskLog
 from tasks.notify import TASK_EVENT, TASK_LOG
+from valka import tracing
 from valka.conf import valka_settings
 from valka.db import in_thread
 from valka_sdk.v1 import api_pb2, api_pb2_grpc
@@ -29,7 +30,8 @@ async def _call(context: grpc.aio.ServicerContext, fn, *args, **kwargs):
         await context.abort(grpc_status(exc), grpc_message(exc))
 
 
-def create_task(request: api_pb2.CreateTaskRequest):
+def create_task(request: api_pb2.CreateTaskRequest, incoming: dict[str, str] | None = None):
+    """The request's task, in the trace context of the call's metadata (`traceparent`), if any."""
     metadata, concurrency_key = protocol.split_concurrency_key(protocol.load_json("metadata", request.metadata))
     data = {
         "queue": request.queue_name,
@@ -44,7 +46,8 @@ def create_task(request: api_pb2.CreateTaskRequest):
         "idempotency_key": request.idempotency_key or None,
         "run_at": request.scheduled_at or None,
     }
-    task, _created = services.task_create_from_data(data=data)
+    with tracing.attached(incoming or {}):
+        task, _created = services.task_create_from_data(data=data)
     return task
 
 
@@ -101,7 +104,7 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
         self.fanout = fanout  # the node's: its LISTEN connection opens with the first subscriber
     async def CreateTask(self, request, context):  # noqa: N802
         await _authorize(context, auth.CREATE_TASKS)
-        task = await _call(context, create_task, request)
+        task = await _call(context, create_task, request, dict(context.invocation_metadata() or ()))
         return api_pb2.CreateTaskResponse(task=protocol.task_meta(task))
 
     async def GetTask(self, request, context):  # noqa: N802

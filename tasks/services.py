@@ -18,7 +18,7 @@ from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from tasks import selectors
+from tasks import selectors, tracing
 from tasks.errors import InvalidState, NotFound, ValidationError, ValkaError
 from tasks.models import DeadLetter, Queue, Task
 from tasks.prepared import fetchone_prepared
@@ -141,7 +141,14 @@ def _create(specs: Sequence[TaskSpec], links: Mapping[str, Any] | None = None) -
     the one insert path, with its retry for holders deleted meanwhile. A spec whose id exists
     answers that task; one whose key exists, the key's task (its id, if new, is not used). Later
     specs of the batch repeating an id or key resolve to the first one's task. `links` (a replay's
-    origin) go to every row."""
+    origin) go to every row. The tasks carry the caller's trace context (`tasks.tracing`)."""
+    with tracing.enqueue(specs) as span:
+        created = _insert_or_find(specs, links)
+        tracing.created(span, created)
+    return created
+
+
+def _insert_or_find(specs: Sequence[TaskSpec], links: Mapping[str, Any] | None) -> list[tuple[Task, bool]]:
     results: list[tuple[Task, bool] | None] = [None] * len(specs)
     pending = list(range(len(specs)))
     for _ in range(3):

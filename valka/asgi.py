@@ -54,10 +54,12 @@ from tasks.api.auth import KEY_ENVIRON, api_key_live  # noqa: E402
 from tasks.api.errors import error_body  # noqa: E402
 from tasks.models import ApiKey  # noqa: E402
 from valka.conf import refuse_development_key, valka_settings  # noqa: E402
+from valka.tracing import configure as configure_tracing  # noqa: E402
 
 if (_refused := refuse_development_key("web")) is not None:
     print(_refused, file=sys.stderr)
     raise SystemExit(1)
+configure_tracing("web")  # a tracer provider, when the environment asks for one (docs/tracing.md)
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 Send = Callable[[dict[str, Any]], Awaitable[None]]

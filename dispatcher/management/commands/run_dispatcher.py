@@ -1,6 +1,7 @@
 from django.core.management.base import BaseCommand, CommandError
 
 from dispatcher.server import Dispatcher
+from valka import tracing
 from valka.conf import refuse_development_key, valka_settings
 from valka.poolers import refuse_pooler
 from valka_sdk import aio
@@ -15,6 +16,7 @@ class Command(BaseCommand):
     def handle(self, *args, addr=None, **options):
         if (why := refuse_development_key("run_dispatcher")) is not None:
             raise CommandError(why)
+        tracing.configure("dispatcher")  # a tracer provider, when the environment asks for one
 
         async def main() -> None:
             if (why := await refuse_pooler("run_dispatcher")) is not None:

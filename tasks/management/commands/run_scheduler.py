@@ -3,6 +3,7 @@ from django.core.management.base import BaseCommand, CommandError
 from tasks.errors import ValkaError
 from tasks.scheduler import extensions
 from tasks.scheduler.runner import serve
+from valka import tracing
 from valka.conf import refuse_development_key
 from valka.poolers import refuse_pooler
 from valka_sdk import aio
@@ -15,6 +16,7 @@ class Command(BaseCommand):
     def handle(self, *args, **options):
         if (why := refuse_development_key("run_scheduler")) is not None:
             raise CommandError(why)
+        tracing.configure("scheduler")  # a tracer provider, when the environment asks for one
         for hook in extensions.ON_START:  # other apps' start-up work (tasks.scheduler.extensions)
             try:
                 hook()
