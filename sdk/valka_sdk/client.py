@@ -3,6 +3,9 @@
     client = Client("http://127.0.0.1:8989", api_key="vk_...")
     task = client.create_task("send_email", queue="emails", input={"to": "ada@example.com"})
     client.get_task(task["id"])["status"]
+
+Creating tasks sends the current span's W3C trace context (`traceparent`), which the server stores
+on the tasks (valka_sdk.tracing): their runs join the caller's trace.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from valka_sdk import tracing
 from valka_sdk.errors import ValkaAPIError
 
 
@@ -72,11 +76,12 @@ class Client:
         call answers the task the first one made: safe to retry after a lost answer."""
         body = _task_body(task_name, queue, input, priority, max_retries, timeout_seconds, idempotency_key,
                           metadata, run_at, id)
-        return _answer(self._http.post("/api/v1/tasks", json=body))
+        return _answer(self._http.post("/api/v1/tasks", json=body, headers=tracing.headers()))
 
     def create_tasks(self, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
         """Create up to 1,000 tasks in one call; each result in order (see `POST /api/v1/tasks/batch`)."""
-        return _answer(self._http.post("/api/v1/tasks/batch", json={"tasks": tasks}))["results"]
+        return _answer(self._http.post("/api/v1/tasks/batch", json={"tasks": tasks},
+                                       headers=tracing.headers()))["results"]
 
     def get_task(self, task_id: str) -> dict[str, Any]:
         return _answer(self._http.get(f"/api/v1/tasks/{task_id}"))
@@ -127,10 +132,11 @@ class AsyncClient:
                           id: uuid.UUID | str | None = None) -> dict[str, Any]:
         body = _task_body(task_name, queue, input, priority, max_retries, timeout_seconds, idempotency_key,
                           metadata, run_at, id)
-        return _answer(await self._http.post("/api/v1/tasks", json=body))
+        return _answer(await self._http.post("/api/v1/tasks", json=body, headers=tracing.headers()))
 
     async def create_tasks(self, tasks: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return _answer(await self._http.post("/api/v1/tasks/batch", json={"tasks": tasks}))["results"]
+        return _answer(await self._http.post("/api/v1/tasks/batch", json={"tasks": tasks},
+                                             headers=tracing.headers()))["results"]
 
     async def get_task(self, task_id: str) -> dict[str, Any]:
         return _answer(await self._http.get(f"/api/v1/tasks/{task_id}"))

@@ -10,6 +10,9 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from opentelemetry.trace import Span
+
+from valka_sdk import tracing
 from valka_sdk.errors import TaskCancelled
 from valka_sdk.v1 import common_pb2
 from valka_sdk.v1 import worker_pb2 as pb
@@ -57,6 +60,7 @@ class TaskContext:
         self.cancelled_by_server = False
         self._inbox: asyncio.Queue[Signal] | None = None  # made by the first signal or reader
         self._seen_signals: set[str] = set()
+        self._span: Span | None = None  # the run's span (valka_sdk.tracing), set by the worker when tracing
 
     @property
     def _signals(self) -> asyncio.Queue[Signal]:
@@ -66,6 +70,10 @@ class TaskContext:
 
     # -- logging: lines are batched and streamed to the server --
     def log(self, message: str, level: str = "INFO", **metadata: Any) -> None:
+        """One line of the run's log; `metadata` (JSON) is shown with it. While the run is traced the
+        line carries the current span's `trace_id` and `span_id` too (the caller's own win)."""
+        if self._span is not None:
+            metadata = {**tracing.log_ids(self._span), **metadata}
         meta = json.dumps(metadata, default=str) if metadata else ""
         if len(meta) > MAX_LOG_LINE:
             meta = json.dumps({"truncated": True, "characters": len(meta)})

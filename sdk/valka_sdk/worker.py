@@ -68,8 +68,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import grpc
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Span
 
-from valka_sdk import aio
+from valka_sdk import aio, tracing
 from valka_sdk.context import Signal, TaskContext
 from valka_sdk.errors import MAX_ERROR, NonRetryableError, TaskCancelled, format_failure
 from valka_sdk.v1 import worker_pb2 as pb
@@ -241,6 +244,7 @@ class Worker:
             self._loop.call_soon_threadsafe(self._stopping.set)
 
     async def arun(self, install_signal_handlers: bool = False) -> None:
+        tracing.configure("valka-worker")  # when the environment asks for it, and none is set
         self._loop = asyncio.get_running_loop()
         self._stopping = asyncio.Event()
         self._executor = ThreadPoolExecutor(max_workers=self.concurrency, thread_name_prefix="valka-handler")
@@ -433,30 +437,43 @@ class Worker:
 
     async def _execute(self, ctx: TaskContext) -> None:
         """One run, from its assignment to its result: it starts here, and ends when the result is
-        handed to the stream (a run stopped because the worker is going away sends none)."""
+        handed to the stream (a run stopped because the worker is going away sends none). With a
+        tracer provider set, the run is a `valka.run` span (valka_sdk.tracing), current while the
+        handler runs, so that the handler's own spans nest under it."""
         _current_run.set(ctx)  # this run's asyncio task only
+        span = self._start_span(ctx)
         result = pb.TaskResult(task_id=ctx.task_id, task_run_id=ctx.run_id)
+        failure: BaseException | None = None
+        cancelled: str | None = None
         try:
             output = await self._call(self._handler_for(ctx.task_name), ctx)
             result.output = _output_text(output)
             result.success = True
         except asyncio.CancelledError:
+            cancelled = ctx.cancel_reason or "cancelled"
             if not ctx.cancelled_by_server:
                 # The worker is going away: no result; the dispatcher releases the task for a retry.
                 self._running.pop(ctx.task_id, None)
+                if span is not None:
+                    tracing.end_run(span, attempt=ctx.attempt, success=False, retryable=True, error="",
+                                    exc=None, cancel_reason=cancelled)
                 raise
             result.success, result.retryable = False, False
-            result.error_message = f"cancelled: {ctx.cancel_reason or 'cancelled'}"
+            result.error_message = f"cancelled: {cancelled}"
         except TaskCancelled as exc:
+            cancelled = str(exc)
             result.success, result.retryable = False, False
             result.error_message = f"cancelled: {exc}"
         except _Refusal as exc:
+            failure = exc
             result.success, result.retryable = False, False
             result.error_message = format_failure(str(exc))
         except NonRetryableError as exc:
+            failure = exc
             result.success, result.retryable = False, False
             result.error_message = format_failure(str(exc) or type(exc).__name__, exc)
         except Exception as exc:
+            failure = exc
             result.success, result.retryable = False, True
             result.error_message = format_failure(f"{type(exc).__name__}: {exc}", exc)
         finally:
@@ -465,7 +482,24 @@ class Worker:
                 for hook in entry.signal_hooks:
                     hook.cancel()
         result.error_message = result.error_message[:MAX_ERROR]
+        if span is not None:
+            tracing.end_run(span, attempt=ctx.attempt, success=result.success, retryable=result.retryable,
+                            error=result.error_message, exc=failure, cancel_reason=cancelled)
         await self._finish(result)
+
+    def _start_span(self, ctx: TaskContext) -> Span | None:
+        """The run's span, made current in the run's asyncio task (and so in a sync handler's
+        thread, which gets a copy of its context), or None while no tracer provider is set."""
+        tracer = tracing.tracer()
+        if tracer is None:
+            return None
+        span = tracing.start_run(tracer, task_id=ctx.task_id, run_id=ctx.run_id, task_name=ctx.task_name,
+                                 queue=ctx.queue, attempt=ctx.attempt, metadata=ctx.metadata,
+                                 worker_id=self.worker_id, worker_name=self.name)
+        # The run's asyncio task ends with the run, and its context with it: nothing to detach.
+        otel_context.attach(trace.set_span_in_context(span))
+        ctx._span = span
+        return span
 
     async def _finish(self, result: pb.TaskResult) -> None:
         """The run's end: its log lines, then its result, to the stream (or held for the next one)."""

@@ -10,7 +10,8 @@ Two modes, by `OPTIONS` (`valka_sdk.django.options`):
 - remote (`URL` set): `POST /api/v1/tasks` with the id. Inside `transaction.atomic()` the task
   is sent when the transaction commits (`transaction.on_commit`), and never if it rolls back.
   A send that does not reach the server is tried again (`RETRIES`): a repeat of the id answers
-  the task the first try made, so no try makes a second task.
+  the task the first try made, so no try makes a second task. The send carries the trace context
+  of the `enqueue()` call (`traceparent`), even from `on_commit`.
 - in process (no `URL`, inside Valka's own project): `valka.enqueue`, in the caller's
   transaction (the task commits with the caller's rows or not at all).
 """
@@ -35,6 +36,7 @@ from django.tasks.backends.base import BaseTaskBackend
 from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
 from django.tasks.signals import task_enqueued
 
+from valka_sdk import tracing
 from valka_sdk.client import Client
 from valka_sdk.django import options as options_module
 from valka_sdk.django import results
@@ -141,8 +143,10 @@ class ValkaBackend(BaseTaskBackend):
         if self.settings.url is None:
             self._create_in_process(result, body)
         elif self.settings.on_commit and transaction.get_connection(self.settings.database).in_atomic_block:
-            transaction.on_commit(partial(self._create_remote, result, body), using=self.settings.database,
-                                  robust=self.settings.on_commit_robust)
+            send = partial(self._create_remote, result, body)
+            if (traced := tracing.current()) is not None:  # the send at the commit joins this call's trace
+                send = partial(tracing.run_in, traced, send)
+            transaction.on_commit(send, using=self.settings.database, robust=self.settings.on_commit_robust)
         else:
             self._create_remote(result, body)
         return result
