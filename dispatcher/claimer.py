@@ -28,11 +28,15 @@ import asyncio
 import itertools
 import logging
 from collections import Counter
+import time
 from collections.abc import Callable, Iterable
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
+from opentelemetry import trace
+from opentelemetry.context import Context
 from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
@@ -40,6 +44,7 @@ from dispatcher import protocol, sql
 from dispatcher.controls import LIMITED, PAUSED, QueueControls
 from dispatcher.session import InFlight, SessionRegistry, WorkerSession
 from valka.ids import uuid7_text_many
+from valka_sdk import tracing
 
 log = logging.getLogger("valka.dispatcher")
 
@@ -259,6 +264,8 @@ class Claimer:
         if floor is not None and now - floor.since > self.settings.floor_ttl:
             floor = None
         node_id = self.settings.node_id
+        tracer = tracing.tracer()
+        began = time.time_ns() if tracer is not None else 0  # the claim span's start, should it claim anything
         async with self.pool.connection() as conn:
             rows = await claim(conn, queue=queue, limit=limit, node_id=node_id, after=floor and floor.start)
             if rows is None:  # the queue has controls since they were read
@@ -272,12 +279,18 @@ class Claimer:
             self._floors[queue] = Floor((last[7], last[8], last[0]), floor.since if floor else now)
         if not rows:
             return 0
-        self._distribute(queue, rows, sessions)
+        if tracer is None:
+            self._distribute(queue, rows, sessions)
+        else:
+            with claim_span(tracer, queue, rows, began):
+                self._distribute(queue, rows, sessions)
         if len(rows) == self.settings.max_batch:
             self.wake(queue)  # slots are still free and there may be more tasks where these came from
         return len(rows)
 
     async def _claim_limited(self, queue: str, limit: int, sessions: list[WorkerSession]) -> int:
+        tracer = tracing.tracer()
+        began = time.time_ns() if tracer is not None else 0
         async with self.pool.connection() as conn:
             rows, answer = await claim_limited(conn, queue=queue, limit=limit, node_id=self.settings.node_id)
         if answer.state != LIMITED:
@@ -292,7 +305,11 @@ class Claimer:
             self._retry_at[queue] = asyncio.get_running_loop().time() + answer.retry_in
         if not rows:
             return 0
-        entries = self._distribute(queue, rows, sessions)
+        if tracer is None:
+            entries = self._distribute(queue, rows, sessions)
+        else:
+            with claim_span(tracer, queue, rows, began):
+                entries = self._distribute(queue, rows, sessions)
         if self.controls.rated(queue) and entries:
             self._wake_when_started(queue, entries)
         if answer.again or len(rows) == self.settings.max_batch:
@@ -327,6 +344,7 @@ class Claimer:
             raise
 
     def _distribute(self, queue: str, rows: list[tuple], sessions: list[WorkerSession]) -> list[InFlight]:
+        """Spread the claimed `rows` over the sessions with free slots; those none can take are unsent."""
         start = next(self._turn)
         unsent: list[str] = []
         order = sessions[start % len(sessions):] + sessions[: start % len(sessions)]
@@ -351,3 +369,16 @@ class Claimer:
         if unsent:
             self.unsend(unsent)
         return entries
+
+
+def claim_span(tracer: trace.Tracer, queue: str, rows: list[tuple], began: int) -> AbstractContextManager[Any]:
+    """`valka.claim <queue>`, from `began` (the claim's start) to the end of its distribution: a
+    trace of its own, linked to the trace of each task claimed that carries one (not their parent:
+    a claim serves many traces). Claims that found nothing make no span."""
+    links = [trace.Link(context, {"messaging.message.id": row[0]}) for row in rows
+             if (context := tracing.link_of(row[4])) is not None]
+    return tracer.start_as_current_span(
+        f"valka.claim {queue}", context=Context(), kind=trace.SpanKind.INTERNAL, links=links, start_time=began,
+        attributes=tracing.messaging(queue, **{"messaging.operation.type": "receive",
+                                              "messaging.operation.name": "claim",
+                                              "messaging.batch.message_count": len(rows)}))
