@@ -13,6 +13,10 @@ MAX_CATCH_UP of them), `latest` the most recent only, `none` the most recent onl
 less than `grace` late (a slot later than that was missed: the scheduler was down, or the
 schedule disabled). On time, a pass finds one slot due per schedule, and all three agree.
 
+With a tracer provider set in the scheduler, each slot's task starts a trace of its own at a
+`valka.enqueue` span, which every attempt of that task joins; without one, its task carries no
+trace context (docs/tracing.md).
+
 Between passes the loop sleeps until the earliest `next_run_at` (one probe of an index), and
 a trigger on the schedules table wakes it with a NOTIFY when a schedule is added, enabled or
 moved earlier; a poll every `poll_interval` backs that up.
@@ -21,6 +25,7 @@ moved earlier; a poll every `poll_interval` backs that up.
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 from collections.abc import Sequence
@@ -29,11 +34,15 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import Span
 from psycopg_pool import AsyncConnectionPool
 
 from schedules import sql
 from schedules.models import CatchUp
 from schedules.slots import SlotError, Timing, cron_fields, key_time
+from schedules.specs import SCHEDULE_KEY
 from tasks.scheduler.base import DB, DUE_SLACK, MIN_SLEEP, Loop, SchedulerConfig, connection
 from tasks.sql import producer
 from valka.arrays import BinaryArray
@@ -41,6 +50,7 @@ from valka.conf import valka_settings
 from valka.db import conninfo
 from valka.ids import uuid7_many
 from valka.listen import Listener
+from valka_sdk import tracing
 
 log = logging.getLogger("valka.scheduler")
 
@@ -116,6 +126,8 @@ class ScheduleFiring(Loop):
                 texts.append(f'{head},"idempotency_key":"schedule:{name}:{when}","run_at":"{when}"')
             if len(texts) >= MAX_TASKS_PER_BATCH:
                 break
+        tracer = tracing.tracer()
+        spans = _trace_slots(tracer, texts) if tracer is not None else None
         task_ids = [str(task_id) for task_id in uuid7_many(len(texts))]
         inserted: set[str] = set()
         if texts:
@@ -124,6 +136,8 @@ class ScheduleFiring(Loop):
             cur = await conn.execute(producer.INSERT_TASKS, {"tasks": body})
             row = await cur.fetchone()
             inserted = set(row[0].split(",")) if row and row[0] else set()
+        if spans is not None:
+            _end_slot_spans(spans, task_ids, inserted)
         last_slots, last_tasks, fired = _outcomes(firings, task_ids, inserted)
         await conn.execute(sql.ADVANCE_SCHEDULES, {
             "now": now, "ids": BinaryArray(ids), "next_run_at": BinaryArray(nexts), "slots": BinaryArray(last_slots),
@@ -168,6 +182,35 @@ class ScheduleFiring(Loop):
             await super().run(stop)
         finally:
             await listening
+
+
+def _trace_slots(tracer: trace.Tracer, texts: list[str]) -> list[Span]:
+    """Each slot's task in a trace of its own, rooted at a `valka.enqueue` span (the firing has no
+    caller to follow): its attempts join that trace. Rewrites `texts` in place so that each task
+    carries its span's context, unless the schedule's metadata names a `valka.traceparent` itself."""
+    spans = []
+    for i, text in enumerate(texts):
+        task = json.loads(text + "}")
+        span = tracer.start_span("valka.enqueue", context=Context(), kind=trace.SpanKind.PRODUCER,
+                                 attributes=tracing.messaging(task["queue"], **{
+                                     "messaging.operation.type": "send", "messaging.operation.name": "enqueue",
+                                     "valka.task_name": task["task_name"],
+                                     "valka.schedule": task["metadata"].get(SCHEDULE_KEY),
+                                     "valka.slot": task["run_at"]}))
+        spans.append(span)
+        if tracing.TRACEPARENT not in task["metadata"]:
+            task["metadata"].update(tracing.carrier(trace.set_span_in_context(span)))
+            texts[i] = json.dumps(task, ensure_ascii=False)[:-1]
+    return spans
+
+
+def _end_slot_spans(spans: list[Span], task_ids: Sequence[str], inserted: set[str]) -> None:
+    for span, task_id in zip(spans, task_ids, strict=True):
+        if task_id in inserted:
+            span.set_attribute("messaging.message.id", task_id)
+        else:
+            span.set_attribute("valka.existing", True)  # the slot had its task already
+        span.end()
 
 
 def _outcomes(firings: Sequence[list[datetime]], task_ids: Sequence[str],
