@@ -107,6 +107,15 @@ def parent_of(metadata: Mapping[str, Any]) -> Context | None:
     return context if trace.get_current_span(context).get_span_context().is_valid else None
 
 
+def ids_of(metadata: Any) -> tuple[str, str] | None:
+    """(trace id, span id) of the context a task's metadata carries, as hex, or None (the console)."""
+    context = parent_of(metadata) if isinstance(metadata, Mapping) else None
+    if context is None:
+        return None
+    span_context = trace.get_current_span(context).get_span_context()
+    return trace.format_trace_id(span_context.trace_id), trace.format_span_id(span_context.span_id)
+
+
 def link_of(metadata_text: str | None) -> trace.SpanContext | None:
     """The span context in a task's metadata as JSON text (the claim's rows), or None; the text
     is parsed only when it names the key."""

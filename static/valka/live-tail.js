@@ -20,6 +20,14 @@
     div.appendChild(time);
     div.appendChild(level);
     div.appendChild(document.createTextNode(entry.message));
+    var meta = entry.metadata;
+    if (meta && typeof meta === "object" && typeof meta.span_id === "string") {
+      var traced = document.createElement("span");
+      traced.className = "vk-log-span";
+      traced.title = "trace " + meta.trace_id;
+      traced.textContent = "span " + meta.span_id;
+      div.appendChild(traced);
+    }
     return div;
   }
 

@@ -27,6 +27,7 @@ from tasks.errors import ValkaError
 from tasks.models import DeadLetter, Task
 from tasks.specs import MAX_CONCURRENCY_KEY, MAX_NAME
 from tasks.states import REPLAYABLE, TaskStatus, sources_of
+from valka_sdk import tracing
 
 CANCELLABLE = frozenset(sources_of(TaskStatus.CANCELLED))
 
@@ -116,7 +117,7 @@ class TaskAdmin(ConsoleAdmin):
             "badge": badge(task.status), "runs": runs,
             "live_run": next((r for r in runs if r.status == "RUNNING"), None),
             "input_json": pretty_json(task.input), "output_json": pretty_json(task.output),
-            "metadata_json": pretty_json(task.metadata),
+            "metadata_json": pretty_json(task.metadata), "trace": tracing.ids_of(task.metadata),
             "replays": list(Task.objects.filter(replayed_from_task_id=task.id).order_by("id")[:50]),
             "dead_letter": DeadLetter.objects.filter(task_id=task.id).first(),
             "waited": span(task.run_at, task.started_at),

@@ -135,8 +135,10 @@ def test_live_tail_follows_a_running_run(page):
     page.goto(f"/admin/tasks/task/{run.task_id}/change/")
     logs = page.locator(f"#logs-{run.id}")
     expect(page.locator(f'[data-tail-status="{run.id}"]')).to_have_text("live")
-    TaskLogFactory(run=run, level="ERROR", message="disk almost full")
+    TaskLogFactory(run=run, level="ERROR", message="disk almost full",
+                   metadata={"trace_id": "0af7651916cd43dd8448eb211c80319c", "span_id": "00f067aa0ba902b7"})
     expect(logs.locator(".vk-log-ERROR")).to_have_text(re.compile("disk almost full"))
+    expect(logs.locator(".vk-log-ERROR .vk-log-span")).to_have_text("span 00f067aa0ba902b7")
     shot(page, "task.png")
     Task.objects.filter(id=run.task_id).update(status="COMPLETED", finished_at=run.started_at)
     expect(page.locator(f'[data-tail-status="{run.id}"]')).to_contain_text("task is COMPLETED")

@@ -210,3 +210,22 @@ def test_create_task_form_goes_through_the_service_layer(admin_client):
     assert "must be a JSON object" in r.content.decode() and Task.objects.count() == 1
     r = admin_client.post("/admin/tasks/task/add/", {"task_name": "t", "queue": "q", "input": "{nope"})
     assert "input" in r.context["form"].errors and Task.objects.count() == 1
+
+
+def test_task_page_shows_its_trace_and_each_traced_line_s_span(admin_client):
+    traced = TaskFactory(status="COMPLETED", metadata={
+        "valka.traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"})
+    run = TaskRunFactory(task=traced, status="COMPLETED")
+    TaskLogFactory(run=run, message="sent", metadata={"trace_id": "0af7651916cd43dd8448eb211c80319c",
+                                                       "span_id": "00f067aa0ba902b7", "to": "ada"})
+    TaskLogFactory(run=run, message="plain", metadata={"n": 1})
+    html = admin_client.get(page(traced.id)).content.decode()
+    fact = re.search(r'<dd id="vk-trace">(.*?)</dd>', html, re.S).group(1)
+    assert "0af7651916cd43dd8448eb211c80319c" in fact and "b7ad6b7169203331" in fact
+    lines = re.findall(r'<div class="vk-log [^"]*" data-id="\d+">(.*?)</div>', html, re.S)
+    assert 'title="trace 0af7651916cd43dd8448eb211c80319c">span 00f067aa0ba902b7</span>' in lines[0]
+    assert "vk-log-span" not in lines[1]
+    for metadata in ({}, {"valka.traceparent": "00-garbage"}):
+        plain = TaskFactory(status="COMPLETED", metadata=metadata)
+        html = admin_client.get(page(plain.id)).content.decode()
+        assert re.search(r'<dd id="vk-trace">(.*?)</dd>', html, re.S).group(1) == "—"
