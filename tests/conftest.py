@@ -13,7 +13,7 @@ from django.test import Client
 from rest_framework.test import APIClient
 
 from tasks.api.auth import api_key_create
-from tests.helpers import ROOT, Listener, Stack
+from tests.helpers import ROOT, Collector, Listener, Stack
 from valka import devdb
 from valka.devdb import free_port
 
@@ -92,6 +92,14 @@ def spans():
     yield exporter
     provider.shutdown()
     reset_trace_globals()
+
+
+@pytest.fixture
+def collector():
+    """An OTLP collector for the stack's processes: give them `collector.env` (tests.helpers.Collector)."""
+    found = Collector()
+    yield found
+    found.stop()
 
 
 # -- The real stack: dispatcher, scheduler, web and SDK workers as processes (tests.helpers.Stack). --

@@ -3,7 +3,8 @@
 - the test database: `database_url`, `no_event_watchers_left`, `db_now`
 - waiting: `wait_for`, and `status_of` / `wait_status` for a task's status
 - the REST API's error shape: `assert_error`
-- the real stack as processes (dispatcher, scheduler, web, SDK workers): `Stack`
+- the real stack as processes (dispatcher, scheduler, web, SDK workers): `Stack`, and an OTLP
+  collector for the spans they export: `Collector`
 - hand-written gRPC worker sessions: `hello`, `Feeder`, `Raw`
 - the scheduler's loops run once on their own connections: `make_config`, `connect`, `once`,
   `run_async`, and a LISTEN connection: `Listener`
@@ -23,6 +24,7 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -30,6 +32,8 @@ from typing import Any
 import grpc
 import psycopg
 from django.db import connection
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.proto.trace.v1 import trace_pb2
 
 from tasks.models import Task
 from tasks.retry import RetryPolicy
@@ -236,6 +240,64 @@ class Raw:
         self.feeder.close()
         self.call.cancel()
         self.channel.close()
+
+
+# -- Spans the stack's processes export. --
+
+class Collector:
+    """An OTLP/gRPC trace collector on a free loopback port: processes given `env` export their
+    spans here (valka_sdk.tracing.configure reads the standard variables), and `spans()` returns
+    them as `dict`s: name, service, trace_id, span_id, parent_id (hex, "" for a root), kind,
+    status ("UNSET", "OK", "ERROR"), attributes, events [(name, attributes)], links [(trace_id,
+    span_id, attributes)]."""
+
+    def __init__(self) -> None:
+        received: list[Any] = []
+
+        class Service(trace_service_pb2_grpc.TraceServiceServicer):
+            def Export(self, request, context):  # noqa: N802
+                received.append(request)
+                return trace_service_pb2.ExportTraceServiceResponse()
+
+        self.received = received
+        self.server = grpc.server(ThreadPoolExecutor(max_workers=2))
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(Service(), self.server)
+        port = self.server.add_insecure_port("127.0.0.1:0")
+        self.server.start()
+        self.env = {"OTEL_EXPORTER_OTLP_ENDPOINT": f"http://127.0.0.1:{port}", "OTEL_TRACES_EXPORTER": "otlp",
+                    "OTEL_BSP_SCHEDULE_DELAY": "100"}
+
+    def spans(self) -> list[dict[str, Any]]:
+        def value(v: Any) -> Any:
+            kind = v.WhichOneof("value")
+            return list(map(value, v.array_value.values)) if kind == "array_value" else getattr(v, kind)
+
+        def attributes(kvs: Any) -> dict[str, Any]:
+            return {kv.key: value(kv.value) for kv in kvs}
+
+        found = []
+        for request in list(self.received):
+            for resource_spans in request.resource_spans:
+                service = attributes(resource_spans.resource.attributes).get("service.name")
+                for scope_spans in resource_spans.scope_spans:
+                    for span in scope_spans.spans:
+                        found.append({
+                            "name": span.name, "service": service, "trace_id": span.trace_id.hex(),
+                            "span_id": span.span_id.hex(), "parent_id": span.parent_span_id.hex(),
+                            "kind": trace_pb2.Span.SpanKind.Name(span.kind).removeprefix("SPAN_KIND_"),
+                            "status": trace_pb2.Status.StatusCode.Name(span.status.code).removeprefix("STATUS_CODE_"),
+                            "attributes": attributes(span.attributes),
+                            "events": [(e.name, attributes(e.attributes)) for e in span.events],
+                            "links": [(link.trace_id.hex(), link.span_id.hex(), attributes(link.attributes))
+                                      for link in span.links]})
+        return found
+
+    def wait(self, predicate: Callable[[list[dict[str, Any]]], Any], what: str, timeout: float = 30.0) -> Any:
+        """The first true answer of `predicate(spans())`, waiting for the processes' exports."""
+        return wait_for(lambda: predicate(self.spans()), timeout, what=what)
+
+    def stop(self) -> None:
+        self.server.stop(None)
 
 
 # -- The scheduler's loops, one pass at a time, on their own connections. --
