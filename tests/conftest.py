@@ -84,14 +84,18 @@ def spans():
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
     from opentelemetry.test.globals_test import reset_trace_globals
 
+    from valka_sdk import tracing
+
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(exporter))
     reset_trace_globals()
     trace.set_tracer_provider(provider)
+    tracing.look_again()
     yield exporter
     provider.shutdown()
     reset_trace_globals()
+    tracing.look_again()
 
 
 @pytest.fixture

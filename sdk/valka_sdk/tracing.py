@@ -23,6 +23,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 from collections.abc import Callable, Mapping
 from importlib.metadata import entry_points
 from typing import Any
@@ -43,17 +44,36 @@ INSTRUMENTATION = "valka"  # the tracer's name
 
 _W3C = TraceContextTextMapPropagator()
 _WIRE = {"traceparent": TRACEPARENT, "tracestate": TRACESTATE}
-_cached: tuple[trace.TracerProvider | None, trace.Tracer | None] = (None, None)
+LOOK_AGAIN = 1.0  # seconds between two looks for a tracer provider while there is none
+_tracer: trace.Tracer | None = None
+_look_at = 0.0  # time.monotonic() of the next look
 
 
 def tracer() -> trace.Tracer | None:
-    """Valka's tracer, or None while no tracer provider is set in this process (nothing to record)."""
-    global _cached
+    """Valka's tracer, or None while no tracer provider is set in this process (nothing to record).
+
+    `trace.get_tracer_provider()` reads the environment on each call while none is set, which
+    cost more than a microsecond, on every task: so the answer is kept, and while it is None it
+    is asked again at most every LOOK_AGAIN seconds. A provider is set once per process; one set
+    after Valka first asked is seen within that time, or at once after `look_again()`."""
+    global _tracer, _look_at
+    if _tracer is not None:
+        return _tracer
+    now = time.monotonic()
+    if now < _look_at:
+        return None
+    _look_at = now + LOOK_AGAIN
     provider = trace.get_tracer_provider()
-    if provider is not _cached[0]:  # a provider is set once, but tests set and reset theirs
-        off = isinstance(provider, ProxyTracerProvider | NoOpTracerProvider)
-        _cached = (provider, None if off else provider.get_tracer(INSTRUMENTATION))
-    return _cached[1]
+    if not isinstance(provider, ProxyTracerProvider | NoOpTracerProvider):
+        _tracer = provider.get_tracer(INSTRUMENTATION)
+    return _tracer
+
+
+def look_again() -> None:
+    """Forget the answer of `tracer()`: call it after setting or resetting a tracer provider that
+    must be seen at once (`configure` does; tests that reset OpenTelemetry's globals do)."""
+    global _tracer, _look_at
+    _tracer, _look_at = None, 0.0
 
 
 def enabled() -> bool:
@@ -244,6 +264,7 @@ def configure(service_name: str) -> bool:
     for exporter in exporters:
         provider.add_span_processor(BatchSpanProcessor(exporter))
     trace.set_tracer_provider(provider)
+    look_again()
     log.info("tracing: exporting spans of %s (%s)", resource.attributes.get(SERVICE_NAME),
              ", ".join(type(e).__name__ for e in exporters))
     return True

@@ -8,6 +8,7 @@ import asyncio
 import json
 import logging
 import sys
+import time
 
 import httpx
 import pytest
@@ -163,11 +164,13 @@ def test_the_rest_client_sends_the_current_context():
 def fresh_globals():
     """configure() sets the process's tracer provider: none before the test, none after."""
     reset_trace_globals()
+    tracing.look_again()
     yield
     provider = trace.get_tracer_provider()
     if isinstance(provider, TracerProvider):
         provider.shutdown()
     reset_trace_globals()
+    tracing.look_again()
 
 
 @pytest.mark.parametrize("env", [{}, {"OTEL_TRACES_EXPORTER": "none", "OTEL_EXPORTER_OTLP_ENDPOINT": "http://x:1"},
@@ -232,3 +235,15 @@ def test_the_django_backend_sends_at_the_commit_in_the_trace_of_the_enqueue(span
     assert enqueue.context.trace_id == view.get_span_context().trace_id
     carried = Task.objects.get(id=result.id).metadata[tracing.TRACEPARENT]
     assert carried.split("-")[2] == trace.format_span_id(enqueue.context.span_id)
+
+
+def test_a_provider_set_later_is_seen_within_look_again(fresh_globals, monkeypatch):
+    monkeypatch.setattr(tracing, "LOOK_AGAIN", 0.2)
+    assert tracing.tracer() is None
+    provider = TracerProvider()
+    trace.set_tracer_provider(provider)
+    assert tracing.tracer() is None, "the answer is kept for a while: asking costs a microsecond"
+    deadline = time.monotonic() + 5
+    while tracing.tracer() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert tracing.tracer() is not None and tracing.enabled()
