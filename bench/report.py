@@ -40,6 +40,14 @@ def rows(results: dict[str, Any]) -> list[Row]:
          peer("enqueue_batch", "rate_per_s"), True),
         ("enqueue, gRPC CreateTask, 8 callers", "tasks/s", "", _get(v, "enqueue", "grpc_x8", "rate_per_s"),
          none, True),
+        ("enqueue in-process, no tracer provider", "µs/task", "", _get(v, "tracing", "enqueue", "off_us"), none,
+         False),
+        ("  with tracing on (spans recorded, not exported)", "µs/task", "", _get(v, "tracing", "enqueue", "on_us"),
+         none, False),
+        ("SDK worker's own work per task, no tracer provider", "µs/task", "",
+         _get(v, "tracing", "worker", "off_us"), none, False),
+        ("  with tracing on (spans recorded, not exported)", "µs/task", "", _get(v, "tracing", "worker", "on_us"),
+         none, False),
         ("drain (no-op tasks)", "tasks/s", "≈ 5,000", _get(v, "drain", "rate_per_s"),
          peer("drain", "rate_per_s"), True),
         ("Django Task.enqueue(), in-process, 1 caller", "tasks/s", "", _get(v, "django", "enqueue_in_process",
@@ -92,7 +100,7 @@ def _fmt(value: Any, unit: str) -> str:
         return f"{value:.1f}"
     if unit == "MiB":
         return f"{value:.0f}"
-    if unit in ("ratio", "s", "%"):
+    if unit in ("ratio", "s", "%", "µs/task"):
         return f"{value:.2f}"
     return f"{value:,.0f}"
 

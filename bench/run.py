@@ -48,7 +48,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
                    help="schedules fired in one minute, and idle")
     p.add_argument("--schedule-idle-seconds", type=float, default=float(env("BENCH_SCHEDULE_IDLE_SECONDS", 60)))
     p.add_argument("--skip", default=env("BENCH_SKIP", ""),
-                   help="comma-separated: enqueue,drain,controls,django,latency,floor,scale,schedules,memory")
+                   help="comma-separated: enqueue,tracing,drain,controls,django,latency,floor,scale,schedules,memory")
     p.add_argument("--peers", action="store_true", help="also run Celery+Redis, Procrastinate and django-tasks-db")
     p.add_argument("--celery-concurrency", type=int, default=int(env("BENCH_CELERY_CONCURRENCY", 2)))
     p.add_argument("--procrastinate-concurrency", type=int, default=int(env("BENCH_PROCRASTINATE_CONCURRENCY", 8)))
@@ -67,7 +67,7 @@ def setup_django(database_url: str) -> None:
 
 
 def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
-    from bench import django_tasks, drain, enqueue, floor, grpc_floor, memory, scale, schedules
+    from bench import django_tasks, drain, enqueue, floor, grpc_floor, memory, scale, schedules, tracing
     from tasks.api.auth import api_key_create
 
     skip = set(filter(None, opts.skip.split(",")))
@@ -94,6 +94,10 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
             out["django"] = {"enqueue_in_process": django_tasks.enqueue_in_process(opts.enqueue_count),
                              "enqueue_remote": django_tasks.enqueue_remote(web, key, opts.enqueue_count)}
         enqueue.cleanup(url)
+    if "tracing" not in skip:
+        out["tracing"] = {"enqueue": tracing.enqueue(opts.enqueue_count // 4), "worker": tracing.worker(opts.n // 10),
+                          "checks_ns": tracing.checks()}
+        tracing.cleanup(url)
     if "drain" not in skip:
         out["drain"] = drain.drain(url, n=opts.n, rounds=opts.rounds)
         out["memory"]["worker_mib"] = memory.rss({"w": workers[0]})["w"]

@@ -112,3 +112,19 @@ def test_the_schedules_workloads_on_a_real_stack(tmp_path, quiet):
         stack.stop_all()
     text = report.table({"valka": {"schedules": {"fire": fired, "idle": idle}}})
     assert "| schedules: fire 10,000 due at one slot | s | < 5 |" in text
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_what_tracing_costs_on_the_hot_paths(quiet):
+    from opentelemetry import trace
+
+    from bench import tracing
+
+    enqueued = tracing.enqueue(20, rounds=1)
+    ran = tracing.worker(50, rounds=1)
+    for figures in (enqueued, ran):
+        assert figures["off_us"] > 0 and figures["on_us"] > 0 and len(figures["on_rounds_us"]) == 1
+    assert set(tracing.checks(number=100)) == {"tracer", "carrier", "headers"}
+    assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider), "no provider left behind"
+    tracing.cleanup(database_url())
