@@ -1,6 +1,7 @@
 """valka-sdk installs alone: a fresh virtualenv with `./sdk[django]` has no server packages (no
 top-level `tasks`, `signals`, `dispatcher` or `valka` to collide with a project's apps), needs no
-PostgreSQL, and its Django backend loads and passes its checks. pip's cache keeps it quick."""
+PostgreSQL, and its Django backend loads and passes its checks; without the `otel` extra it has
+OpenTelemetry's API only, and records nothing. pip's cache keeps it quick."""
 
 from __future__ import annotations
 
@@ -30,6 +31,12 @@ call_command("check")
 assert "valka_worker" in get_commands()
 assert type(task_backends["default"]).__module__ == "valka_sdk.django.backend"
 import valka_sdk, valka_sdk.v1.worker_pb2
+# OpenTelemetry's API alone (no `otel` extra): asked for traces, the SDK says what is missing and records nothing.
+import os
+assert importlib.util.find_spec("opentelemetry.trace") and not importlib.util.find_spec("opentelemetry.sdk")
+os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = "http://127.0.0.1:1"
+from valka_sdk import tracing
+assert tracing.configure("probe") is False and tracing.tracer() is None
 print("alone")
 """
 
