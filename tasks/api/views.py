@@ -25,6 +25,14 @@ from tasks.sql import dashboard as dashboard_sql
 ERRORS = {400: s.ErrorSerializer, 401: s.ErrorSerializer, 403: s.ErrorSerializer, 404: s.ErrorSerializer,
           409: s.ErrorSerializer, 413: s.ErrorSerializer}
 
+# W3C trace context (docs/tracing.md): the tasks created carry it in their metadata.
+TRACE_HEADERS = [
+    OpenApiParameter("traceparent", str, OpenApiParameter.HEADER, description=(
+        "W3C trace context of the caller: the tasks created carry it (or the server's valka.enqueue span under "
+        "it) in metadata['valka.traceparent']. An invalid value is ignored: the tasks start a new trace.")),
+    OpenApiParameter("tracestate", str, OpenApiParameter.HEADER, description="W3C tracestate, with traceparent."),
+]
+
 
 def query_param(request: Request, *names: str) -> str | None:
     """The first of `names` given a non-empty value in the query string (a parameter and its aliases)."""
@@ -63,13 +71,13 @@ class TaskViewSet(viewsets.ViewSet):
         )
         return paginate(self, request, qs, s.TaskSerializer)
 
-    @extend_schema(request=s.TaskCreateSerializer, responses={201: s.TaskSerializer, 200: s.TaskSerializer,
-                                                                **ERRORS})
+    @extend_schema(request=s.TaskCreateSerializer, parameters=TRACE_HEADERS,
+                   responses={201: s.TaskSerializer, 200: s.TaskSerializer, **ERRORS})
     def create(self, request: Request) -> Response:
         task, created = services.task_create_from_data(data=request.data)
         return Response(s.task_data(task), status=201 if created else 200)
 
-    @extend_schema(request=s.TaskBatchCreateSerializer,
+    @extend_schema(request=s.TaskBatchCreateSerializer, parameters=TRACE_HEADERS,
                    responses={201: s.TaskBatchResponseSerializer, 200: s.TaskBatchResponseSerializer, **ERRORS},
                    description="Create up to 1,000 tasks with one INSERT. Each task is validated on its own "
                                "and has its own result, in order: 201 created, 200 its id or idempotency "
