@@ -27,8 +27,8 @@ from __future__ import annotations
 import asyncio
 import itertools
 import logging
-from collections import Counter
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from contextlib import AbstractContextManager
 from dataclasses import dataclass

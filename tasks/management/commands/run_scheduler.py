@@ -17,11 +17,10 @@ class Command(BaseCommand):
         if (why := refuse_development_key("run_scheduler")) is not None:
             raise CommandError(why)
         tracing.configure("scheduler")  # a tracer provider, when the environment asks for one
-        for hook in extensions.ON_START:  # other apps' start-up work (tasks.scheduler.extensions)
-            try:
-                hook()
-            except ValkaError as exc:
-                raise CommandError(exc.message) from None
+        try:  # other apps' start-up work (tasks.scheduler.extensions), once the database answers
+            extensions.run_on_start()
+        except ValkaError as exc:
+            raise CommandError(exc.message) from None
 
         # The pool, events and signal handlers are created inside the running event loop.
         async def main() -> None:
