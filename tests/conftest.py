@@ -30,6 +30,33 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _test_database_left_alone(django_db_setup, django_db_blocker):
+    """Wait, at the end, for the test database's other sessions to end before pytest-django drops it.
+
+    A process a test stopped may still have a backend on its way out (PostgreSQL notices a closed
+    socket at its next read), and DROP DATABASE refuses while one is there. Ten seconds is ample
+    for that; a session still there after them is ended, and named, so a real leak shows."""
+    yield
+    import time
+
+    from django.db import connection
+
+    with django_db_blocker.unblock(), connection.cursor() as cur:
+        others = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+        deadline = time.monotonic() + 10
+        while True:
+            cur.execute(f"SELECT pid, application_name {others}")
+            left = cur.fetchall()
+            if not left or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        if left:
+            cur.execute(f"SELECT pg_terminate_backend(pid) {others}")
+            print(f"\nsessions still on the test database at the end, ended: {left}", file=sys.stderr)
+    connection.close()
+
+
 # -- The REST API. --
 
 @pytest.fixture

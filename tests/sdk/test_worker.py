@@ -177,9 +177,9 @@ def test_a_cancel_interrupts_a_sync_handler_when_asked(interrupt):
 
     @worker.task("spin")
     def spin(ctx):
-        running.set()
         deadline = time.monotonic() + (30 if interrupt else 1.0)  # interrupted long before its end
         try:
+            running.set()  # inside the try: the interruption may land as soon as the test hears it
             while time.monotonic() < deadline:
                 sum(range(100))
         except TaskCancelled:
