@@ -41,7 +41,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher import protocol, sql
-from dispatcher.controls import LIMITED, PAUSED, QueueControls
+from dispatcher.controls import LIMITED, OPEN, PAUSED, QueueControls
 from dispatcher.session import InFlight, SessionRegistry, WorkerSession
 from valka.ids import uuid7_text_many
 from valka_sdk import tracing
@@ -67,6 +67,14 @@ async def claim(conn: AsyncConnection, *, queue: str, limit: int, node_id: str,
     `after` is where to start (see `Floor`). None: the queue has controls, CLAIM_LIMITED's."""
     cur = await conn.execute(sql.CLAIM, sql.claim_params(queue=queue, limit=limit, node_id=node_id, after=after),
                              prepare=True)
+    rows = await cur.fetchall()
+    return None if rows and rows[0][0] is None else rows
+
+
+async def claim_ids(conn: AsyncConnection, *, queue: str, ids: list[str], node_id: str) -> list[tuple] | None:
+    """Run CLAIM_IDS: those of `ids` still due and PENDING in `queue` (see `Claimer.ready`). None: the
+    queue has controls, CLAIM_LIMITED's."""
+    cur = await conn.execute(sql.CLAIM_IDS, {"queue": queue, "ids": ids, "node_id": node_id}, prepare=True)
     rows = await cur.fetchall()
     return None if rows and rows[0][0] is None else rows
 
@@ -134,6 +142,10 @@ class Claimer:
         self.room = room
         self._wake = asyncio.Event()
         self._queues: set[str] = set()
+        # Tasks named by their insert's NOTIFY, by queue, and the queues whose last full claim came
+        # back short: nothing else of theirs was due then (see `ready`).
+        self._ids: dict[str, list[str]] = {}
+        self._drained: set[str] = set()
         self._everything = True
         self._urgent = True  # a wake-up other than a freed slot is pending
         self._turn = itertools.count()
@@ -150,6 +162,23 @@ class Claimer:
             self._everything = True
         else:
             self._queues.add(queue)
+        self._urgent = True
+        self._wake.set()
+
+    def ready(self, payload: str) -> None:
+        """NOTIFY valka_task_ready: a queue has claimable tasks (`queue`), or one task was inserted
+        on its own (`queue task_id`, tasks/sql/producer.py INSERT_TASK).
+
+        A named task is claimed by its id (CLAIM_IDS, one probe) when that takes what a full claim
+        would: the queue's last full claim came back short, so nothing else of it was due, and there
+        is a free slot for each task named. Otherwise the queue gets a full claim. Every other
+        wake-up (a retry, a due task, a task put back, a freed slot, the poll) is a full claim too,
+        which finds what was not named."""
+        queue, space, task_id = payload.rpartition(" ")
+        if not space or len(task_id) != 36:  # a queue alone (a task id is 36 characters)
+            self.wake(payload)
+            return
+        self._ids.setdefault(queue, []).append(task_id)
         self._urgent = True
         self._wake.set()
 
@@ -231,34 +260,47 @@ class Claimer:
             self._wake.clear()
             served = self.sessions.served_queues()
             queues = served if self._everything else self._queues & served
-            self._everything, self._queues, self._urgent = False, set(), False
+            named = {q: ids for q, ids in self._ids.items() if q in served and q not in queues}
+            self._everything, self._queues, self._ids, self._urgent = False, set(), {}, False
             try:
-                if self.controls.stale():
-                    async with self.pool.connection() as conn:
-                        await self.controls.read(conn)
-                for queue in sorted(queues):
-                    await self.claim_queue(queue)
+                if self.controls.forgotten():
+                    await self._read_controls()
+                for queue in sorted(queues | named.keys()):
+                    await self.claim_queue(queue, named.get(queue))
+                if self.controls.stale():  # old only: read after the claims, off a new task's way to
+                    await self._read_controls()  # its worker (the claims check the rows themselves)
                 await self._write_limited()
                 backoff = 0.1
             except Exception:
                 log.exception("dispatcher: claiming failed; retrying in %.1fs", backoff)
-                self._queues |= queues
+                self._queues |= queues | named.keys()
                 self._urgent = True
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
                 self._wake.set()
 
-    async def claim_queue(self, queue: str) -> int:
+    async def _read_controls(self) -> None:
+        async with self.pool.connection() as conn:
+            await self.controls.read(conn)
+
+    async def claim_queue(self, queue: str, ids: list[str] | None = None) -> int:
+        """Claim for the free slots of `queue`'s sessions: the tasks `ids` names, when `ready` allows
+        that, else the queue's due tasks in claim order."""
         sessions = [s for s in self.sessions.for_queue(queue) if s.free_slots() > 0]
         free = sum(s.free_slots() for s in sessions)
-        if free <= 0:
-            return 0
         mode = self.controls.mode(queue)
-        if mode == PAUSED:
+        if ids is not None and (queue not in self._drained or len(ids) > min(free, self.settings.max_batch)
+                                or mode != OPEN):
+            ids = None  # a full claim, now or at the next freed slot, takes them in order
+        if ids is None:
+            self._drained.discard(queue)  # until a full claim comes back short again
+        if free <= 0 or mode == PAUSED:
             return 0
         limit = min(free, self.settings.max_batch)
         if mode == LIMITED:
             return await self._claim_limited(queue, limit, sessions)
+        if ids is not None:
+            return await self._claim_ids(queue, ids, sessions)
         now = asyncio.get_running_loop().time()
         floor = self._floors.pop(queue, None)
         if floor is not None and now - floor.since > self.settings.floor_ttl:
@@ -274,6 +316,8 @@ class Claimer:
             full = len(rows) == limit
             if floor is not None and not full:  # the backlog ahead is claimed: look behind the floor too
                 rows += await claim(conn, queue=queue, limit=limit - len(rows), node_id=node_id) or []
+        if len(rows) < limit:
+            self._drained.add(queue)  # nothing more of it was due: its next new tasks may be claimed by id
         if full:
             last = rows[-1]
             self._floors[queue] = Floor((last[7], last[8], last[0]), floor.since if floor else now)
@@ -286,6 +330,23 @@ class Claimer:
                 self._distribute(queue, rows, sessions)
         if len(rows) == self.settings.max_batch:
             self.wake(queue)  # slots are still free and there may be more tasks where these came from
+        return len(rows)
+
+    async def _claim_ids(self, queue: str, ids: list[str], sessions: list[WorkerSession]) -> int:
+        tracer = tracing.tracer()
+        began = time.time_ns() if tracer is not None else 0
+        async with self.pool.connection() as conn:
+            rows = await claim_ids(conn, queue=queue, ids=ids, node_id=self.settings.node_id)
+        if rows is None:  # the queue has controls since they were read
+            self._drained.discard(queue)
+            self.queue_changed(queue)
+            return 0
+        if rows:
+            if tracer is None:
+                self._distribute(queue, rows, sessions)
+            else:
+                with claim_span(tracer, queue, rows, began):
+                    self._distribute(queue, rows, sessions)
         return len(rows)
 
     async def _claim_limited(self, queue: str, limit: int, sessions: list[WorkerSession]) -> int:

@@ -41,6 +41,10 @@ class QueueControls:
     def stale(self) -> bool:
         return self._read_at is None or self.clock() - self._read_at >= self.max_age
 
+    def forgotten(self) -> bool:
+        """Known to be out of date (a change was announced or found), not only old."""
+        return self._read_at is None
+
     def forget(self) -> None:
         """Read them again before the next claim."""
         self._read_at = None

@@ -112,7 +112,7 @@ class DispatcherNode:
         # (sql.WORKER_ROW): it must be a session of its own, which a pooler would not keep.
         self.listener = Listener(
             conninfo(application_name=f"{sql.LISTEN_APPLICATION} {s.node_id}", direct=True),
-            {TASK_READY: self.claimer.wake,
+            {TASK_READY: self.claimer.ready,
              QUEUE_CHANGED: self.claimer.queue_changed,
              QUEUE_SLOT_FREED: self.claimer.slot_freed,
              TASK_CANCELLED: lambda task_id: self.relay.cancel(task_id, "task cancelled"),

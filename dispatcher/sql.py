@@ -62,6 +62,30 @@ PRIORITIES = """priorities(priority) AS (
     FROM priorities p WHERE p.priority IS NOT NULL
 )"""
 
+# -- A claim's look at its queue's row (`open`: it has no controls), one probe of the queues table. --
+OPEN = """open AS MATERIALIZED (
+    SELECT NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = %(queue)s AND """ + CONTROLLED + """) AS yes
+)"""
+
+# -- The end of a claim of a queue without controls: its `picked` rows moved, answered in claim order,
+# committed without waiting for the WAL flush; or, if the queue has controls after all, one row
+# whose id is NULL. --
+# The claim's commit does not wait for the WAL flush: a claim a crash of PostgreSQL loses leaves
+# its task PENDING, to be claimed again (at-least-once, as for any crash after a send), and the
+# start written after it is durable only once the claim is too. The statement says so for its own
+# transaction (set_config(..., true), evaluated once, before the rows are returned: the one-time
+# filter of the last SELECT), so it costs no round trip and never outlives the claim, even on a
+# connection a pooler hands to someone else next.
+ANSWER = """claimed AS (
+    """ + MOVE_PICKED + """
+)
+(SELECT * FROM claimed
+ WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
+ ORDER BY priority DESC, run_at, id)
+UNION ALL
+SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE NOT (SELECT yes FROM open)
+"""
+
 # -- Claim up to %(limit)s due PENDING tasks of a queue without controls: highest priority, then due time, then age. --
 # The queue must have no controls (its row, if it has one, neither paused nor limited: `open`, one
 # probe of the queues table): a queue that has them is claimed by CLAIM_LIMITED. A dispatcher picks
@@ -80,19 +104,12 @@ PRIORITIES = """priorities(priority) AS (
 # before it holds mostly the entries claimed tasks left behind, which every claim would otherwise
 # walk again (dispatcher.claimer decides when to give it, and when to look behind it again).
 # SKIP LOCKED lets dispatchers claim side by side without waiting on each other.
-# The claim's commit does not wait for the WAL flush: a claim a crash of PostgreSQL loses leaves
-# its task PENDING, to be claimed again (at-least-once, as for any crash after a send), and the
-# start written after it is durable only once the claim is too. The statement says so for its own
-# transaction (set_config(..., true), evaluated once, before the rows are returned: the one-time
-# filter of the last SELECT), so it costs no round trip and never outlives the claim, even on a
-# connection a pooler hands to someone else next.
+# It ends as ANSWER says (durability, and the NULL row).
 # The UPDATE reaches the picked rows by their physical address (a TID scan; they are locked, so
 # they cannot move): joined on id, the planner, trusting stale statistics right after a bulk
 # insert, walked the whole PENDING index for every picked row.
 CLAIM = """
-WITH RECURSIVE open AS MATERIALIZED (
-    SELECT NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = %(queue)s AND """ + CONTROLLED + """) AS yes
-), """ + PRIORITIES + """, picked AS MATERIALIZED (
+WITH RECURSIVE """ + OPEN + """, """ + PRIORITIES + """, picked AS MATERIALIZED (
     SELECT due.ctid
     FROM (SELECT priority FROM priorities WHERE priority IS NOT NULL ORDER BY priority DESC) p
     CROSS JOIN LATERAL (
@@ -106,15 +123,7 @@ WITH RECURSIVE open AS MATERIALIZED (
     ) due
     WHERE (SELECT yes FROM open)
     LIMIT %(limit)s
-), claimed AS (
-    """ + MOVE_PICKED + """
-)
-(SELECT * FROM claimed
- WHERE (SELECT set_config('synchronous_commit', 'off', true)) IS NOT NULL
- ORDER BY priority DESC, run_at, id)
-UNION ALL
-SELECT NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL WHERE NOT (SELECT yes FROM open)
-"""
+), """ + ANSWER
 
 
 def claim_params(*, queue: str, limit: int, node_id: str, after: tuple | None = None) -> dict:
@@ -123,6 +132,20 @@ def claim_params(*, queue: str, limit: int, node_id: str, after: tuple | None = 
     return {"queue": queue, "limit": limit, "node_id": node_id, "after_priority": priority,
             "after_run_at": run_at, "after_id": task_id}
 
+
+# -- Claim those of %(ids)s that are due PENDING tasks of a queue without controls: the tasks the
+# NOTIFY of their insert named (tasks/sql/producer.py INSERT_TASK), each found by its primary key. --
+# A dispatcher claims so only while its last full CLAIM of the queue came back short (nothing else
+# was due: see dispatcher.claimer) and it has a free slot for every task named, so the tasks it takes
+# are the ones CLAIM would take, one index probe each instead of the walk of the queue's priorities.
+# A task another dispatcher took first, or cancelled, is skipped; the answer is CLAIM's.
+CLAIM_IDS = """
+WITH """ + OPEN + """, picked AS MATERIALIZED (
+    SELECT t.ctid FROM tasks t
+    WHERE t.id = ANY(%(ids)s::uuid[]) AND t.queue = %(queue)s AND t.status = 'PENDING' AND t.run_at <= now()
+      AND (SELECT yes FROM open)
+    FOR UPDATE SKIP LOCKED
+), """ + ANSWER
 
 # ---------------------------------------------------------------- queues with controls
 # (docs/queues.md says what each control does; this is how the claim keeps them.)

@@ -2,7 +2,8 @@
 rows are the truth, and every listener also polls now and then.
 """
 
-# Payload: queue name. Sent when a task becomes claimable now (created, retried, due).
+# Payload: queue name, or `queue task_id` for one task inserted on its own (tasks/sql/producer.py
+# INSERT_TASK). Sent when a task becomes claimable now (created, retried, due, put back).
 TASK_READY = "valka_task_ready"
 # Payload: task id. Sent when a task is cancelled, so the dispatcher holding it tells its worker.
 TASK_CANCELLED = "valka_task_cancelled"

@@ -9,8 +9,10 @@ from tasks.notify import TASK_READY
 # -- Insert one task; an id or an idempotency key that exists already inserts nothing. --
 # `input` and `metadata` arrive as JSON text. Returns what the server set (due and creation
 # times); the caller knows the rest. The NOTIFY wakes dispatchers only when the task is
-# claimable now. A task alone could go through INSERT_TASKS as a batch of one, but this
-# statement enqueues 10-25% faster (docs/performance.md, "Hand-made fast paths").
+# claimable now, and names it (`queue task_id`: queue names hold no space), so that an idle
+# dispatcher can claim it by its id (dispatcher/sql.py CLAIM_IDS). A task alone could go through
+# INSERT_TASKS as a batch of one, but this statement enqueues 10-25% faster (docs/performance.md,
+# "Hand-made fast paths").
 INSERT_TASK = f"""
 WITH ins AS (
     INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count,
@@ -22,10 +24,11 @@ WITH ins AS (
             COALESCE(%(run_at)s, now()), now(), now(), %(replayed_from_task_id)s,
             %(replayed_from_dead_letter_id)s, %(concurrency_key)s)
     ON CONFLICT DO NOTHING
-    RETURNING queue, run_at, created_at
+    RETURNING id, queue, run_at, created_at
 )
 SELECT ins.run_at, ins.created_at,
-       (SELECT count(*) FROM (SELECT pg_notify('{TASK_READY}', ins.queue) WHERE ins.run_at <= now()) n) AS notified
+       (SELECT count(*) FROM (SELECT pg_notify('{TASK_READY}', ins.queue || ' ' || ins.id::text)
+                              WHERE ins.run_at <= now()) n) AS notified
 FROM ins
 """
 

@@ -59,11 +59,11 @@ def _drain(conn, timeout=10.0):
     return [(n.channel, n.payload) for n in conn.notifies(timeout=timeout, stop_after=1)]
 
 
-def test_create_notifies_with_the_queue():
+def test_create_notifies_with_the_queue_and_the_task():
     listener = _listen("valka_task_ready")
     try:
-        services.task_enqueue(task_name="t", queue="fast-lane")
-        assert _drain(listener) == [("valka_task_ready", "fast-lane")]
+        task = services.task_enqueue(task_name="t", queue="fast-lane")
+        assert _drain(listener) == [("valka_task_ready", f"fast-lane {task.id}")]
     finally:
         listener.close()
 
@@ -93,7 +93,7 @@ def test_enqueue_commits_with_the_callers_transaction():
         with transaction.atomic():
             task = services.task_enqueue(task_name="t", queue="atomic")
             assert _drain(listener, timeout=0.3) == [], "nothing is announced before commit"
-        assert _drain(listener) == [("valka_task_ready", "atomic")]
+        assert _drain(listener) == [("valka_task_ready", f"atomic {task.id}")]
         assert Task.objects.filter(id=task.id).exists()
     finally:
         listener.close()
