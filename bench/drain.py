@@ -13,13 +13,15 @@ These run in a Django-configured process (the benchmark's, or the smoke test's).
 
 from __future__ import annotations
 
+import json
 import time
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import psycopg
 
-from bench.measure import latency_summary, paced, rounds_summary, wait_until_done
+from bench.measure import latency_summary, paced, percentile, rounds_summary, wait_until_done
 
 DRAIN_QUEUE = "drain"
 LATENCY_QUEUE = "latency"
@@ -96,9 +98,36 @@ def controlled(database_url: str, *, n: int, rounds: int, slots: int) -> dict[st
     }
 
 
+# A new task's way from `valka.enqueue` to its handler, hop by hop: (name, from, to), the moments
+# as `hops` puts them together from the benchmark's clock, the dispatcher's hop log and the handler.
+HOPS = (("enqueue: call → return (INSERT, NOTIFY, commit)", "call", "returned"),
+        ("return → NOTIFY read by the dispatcher", "returned", "notified"),
+        ("NOTIFY → claim begins", "notified", "claim_began"),
+        ("claim (CLAIM_IDS or CLAIM, one round trip)", "claim_began", "claim_ended"),
+        ("claimed → its write to the stream done", "claim_ended", "sent"),
+        ("write done → handler starts (gRPC, the SDK)", "sent", "started"))
+
+
+def hops(hop_log: Path, moments: dict[str, dict[str, float]]) -> dict[str, Any]:
+    """p50/p99 of each of HOPS over the tasks of `moments` (task id → its "call", "returned" and
+    "started" moments) that the dispatcher's hop log (dispatcher/hops.py) names."""
+    for line in hop_log.read_text().splitlines() if hop_log.exists() else []:
+        stamps = json.loads(line)
+        known = moments.get(stamps.pop("task_id"))
+        if known is not None:
+            known.update(stamps)
+    complete = [m for m in moments.values() if all(m.get(k) is not None for _, a, b in HOPS for k in (a, b))]
+    out: dict[str, Any] = {"samples": len(complete)}
+    for name, start, end in HOPS:
+        ms = [(m[end] - m[start]) * 1000 for m in complete]
+        out[name] = {"p50_ms": percentile(ms, 50), "p99_ms": percentile(ms, 99)}
+    return out
+
+
 def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = LATENCY_QUEUE,
-            label: str = "latency") -> dict[str, Any]:
-    """Enqueue `count` stamp tasks at `rate`/s with idle workers; p50/p99 of start − enqueue."""
+            label: str = "latency", hop_log: Path | None = None) -> dict[str, Any]:
+    """Enqueue `count` stamp tasks at `rate`/s with idle workers; p50/p99 of start − enqueue, and,
+    given the dispatcher's hop log, where the time went."""
     from tasks.services import task_enqueue
 
     sent: dict[Any, tuple[float, float]] = {}
@@ -121,6 +150,10 @@ def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = L
                             (ids,)).fetchall()
     from_return = [(started - sent[task_id][1]) * 1000 for task_id, started in rows]
     from_call = [(started - sent[task_id][0]) * 1000 for task_id, started in rows]
-    return {**latency_summary(from_return), "from_call": latency_summary(from_call), "rate": rate}
+    out = {**latency_summary(from_return), "from_call": latency_summary(from_call), "rate": rate}
+    if hop_log is not None:
+        out["hops"] = hops(hop_log, {str(task_id): {"call": sent[task_id][0], "returned": sent[task_id][1],
+                                                    "started": started} for task_id, started in rows})
+    return out
 
 

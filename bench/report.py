@@ -98,6 +98,8 @@ def _fmt(value: Any, unit: str) -> str:
         return "—"
     if unit == "ms":
         return f"{value:.1f}"
+    if unit == "ms2":
+        return f"{value:.2f}"
     if unit == "MiB":
         return f"{value:.0f}"
     if unit in ("ratio", "s", "%", "µs/task"):
@@ -124,7 +126,20 @@ def table(results: dict[str, Any]) -> str:
         for name in peers:
             cells += [_fmt(theirs.get(name), unit), _ratio(ours, theirs.get(name), higher)]
         lines.append("| " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + hops_table(results))
+
+
+def hops_table(results: dict[str, Any]) -> list[str]:
+    """Where an idle-worker latency sample's time went, hop by hop (bench/drain.py HOPS)."""
+    hops = _get(results, "valka", "latency", "hops")
+    if not hops or not hops.get("samples"):
+        return []
+    lines = ["", f"Idle-worker latency, hop by hop ({hops['samples']} tasks; p50 and p99 of each hop, ms):", "",
+             "| hop | p50 | p99 |", "|---|---|---|"]
+    for name, figures in hops.items():
+        if isinstance(figures, dict):
+            lines.append(f"| {name} | {_fmt(figures['p50_ms'], 'ms2')} | {_fmt(figures['p99_ms'], 'ms2')} |")
+    return lines
 
 
 def write(results: dict[str, Any], name: str, folder: Path = RESULTS) -> tuple[Path, Path]:

@@ -74,7 +74,8 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
     out: dict[str, Any] = {"config": {"workers": opts.workers, "concurrency": opts.concurrency, "n": opts.n,
                                       "rounds": opts.rounds, "web_processes": opts.web_processes}}
     url = stack.database_url
-    dispatcher, addr = stack.dispatcher()
+    hop_log = stack.workdir / "hops.jsonl"  # the dispatcher's per-task timestamps (dispatcher/hops.py)
+    dispatcher, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
     workers = stack.workers(addr, count=opts.workers, concurrency=opts.concurrency,
                             queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE])
     out["memory"] = {"dispatcher_idle_start_mib": memory.rss({"d": dispatcher})["d"],
@@ -112,7 +113,7 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
         out["django"]["worker_mib"] = memory.rss({"w": worker})["w"]
         stack.stop(worker)
     if "latency" not in skip:
-        out["latency"] = drain.latency(url, count=opts.latency_count, rate=opts.latency_rate)
+        out["latency"] = drain.latency(url, count=opts.latency_count, rate=opts.latency_rate, hop_log=hop_log)
     out["memory"]["dispatcher_mib"] = memory.rss({"d": dispatcher})["d"]
     # The big table right after the drain and latency it is compared with: the machine's speed
     # drifts over minutes, and the floors and the idle workers would stand between them.

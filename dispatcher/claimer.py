@@ -42,6 +42,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from dispatcher import protocol, sql
 from dispatcher.controls import LIMITED, OPEN, PAUSED, QueueControls
+from dispatcher.hops import HopLog
 from dispatcher.session import InFlight, SessionRegistry, WorkerSession
 from valka.ids import uuid7_text_many
 from valka_sdk import tracing
@@ -131,8 +132,9 @@ class Claimer:
 
     def __init__(self, *, pool: AsyncConnectionPool, sessions: SessionRegistry, settings: ClaimerSettings,
                  unsend: Callable[[list[str]], None], room: asyncio.Event | None = None,
-                 controls: QueueControls | None = None) -> None:
+                 controls: QueueControls | None = None, hops: HopLog | None = None) -> None:
         self.pool = pool
+        self.hops = hops  # per-task timestamps for the benchmark, when asked for (dispatcher.hops)
         self.sessions = sessions
         self.settings = settings
         self.unsend = unsend
@@ -179,6 +181,8 @@ class Claimer:
             self.wake(payload)
             return
         self._ids.setdefault(queue, []).append(task_id)
+        if self.hops is not None:
+            self.hops.notified(task_id)
         self._urgent = True
         self._wake.set()
 
@@ -307,7 +311,7 @@ class Claimer:
             floor = None
         node_id = self.settings.node_id
         tracer = tracing.tracer()
-        began = time.time_ns() if tracer is not None else 0  # the claim span's start, should it claim anything
+        began = time.time_ns()  # the claim span's start, should it claim anything
         async with self.pool.connection() as conn:
             rows = await claim(conn, queue=queue, limit=limit, node_id=node_id, after=floor and floor.start)
             if rows is None:  # the queue has controls since they were read
@@ -324,17 +328,17 @@ class Claimer:
         if not rows:
             return 0
         if tracer is None:
-            self._distribute(queue, rows, sessions)
+            self._distribute(queue, rows, sessions, began)
         else:
             with claim_span(tracer, queue, rows, began):
-                self._distribute(queue, rows, sessions)
+                self._distribute(queue, rows, sessions, began)
         if len(rows) == self.settings.max_batch:
             self.wake(queue)  # slots are still free and there may be more tasks where these came from
         return len(rows)
 
     async def _claim_ids(self, queue: str, ids: list[str], sessions: list[WorkerSession]) -> int:
         tracer = tracing.tracer()
-        began = time.time_ns() if tracer is not None else 0
+        began = time.time_ns()
         async with self.pool.connection() as conn:
             rows = await claim_ids(conn, queue=queue, ids=ids, node_id=self.settings.node_id)
         if rows is None:  # the queue has controls since they were read
@@ -343,15 +347,15 @@ class Claimer:
             return 0
         if rows:
             if tracer is None:
-                self._distribute(queue, rows, sessions)
+                self._distribute(queue, rows, sessions, began)
             else:
                 with claim_span(tracer, queue, rows, began):
-                    self._distribute(queue, rows, sessions)
+                    self._distribute(queue, rows, sessions, began)
         return len(rows)
 
     async def _claim_limited(self, queue: str, limit: int, sessions: list[WorkerSession]) -> int:
         tracer = tracing.tracer()
-        began = time.time_ns() if tracer is not None else 0
+        began = time.time_ns()
         async with self.pool.connection() as conn:
             rows, answer = await claim_limited(conn, queue=queue, limit=limit, node_id=self.settings.node_id)
         if answer.state != LIMITED:
@@ -367,10 +371,10 @@ class Claimer:
         if not rows:
             return 0
         if tracer is None:
-            entries = self._distribute(queue, rows, sessions)
+            entries = self._distribute(queue, rows, sessions, began)
         else:
             with claim_span(tracer, queue, rows, began):
-                entries = self._distribute(queue, rows, sessions)
+                entries = self._distribute(queue, rows, sessions, began)
         if self.controls.rated(queue) and entries:
             self._wake_when_started(queue, entries)
         if answer.again or len(rows) == self.settings.max_batch:
@@ -404,8 +408,12 @@ class Claimer:
             self._limited.update(counts)
             raise
 
-    def _distribute(self, queue: str, rows: list[tuple], sessions: list[WorkerSession]) -> list[InFlight]:
-        """Spread the claimed `rows` over the sessions with free slots; those none can take are unsent."""
+    def _distribute(self, queue: str, rows: list[tuple], sessions: list[WorkerSession],
+                    began: int) -> list[InFlight]:
+        """Spread the claimed `rows` (of a claim that began at `began`, time.time_ns()) over the
+        sessions with free slots; those none can take are unsent."""
+        if self.hops is not None:
+            self.hops.claimed((row[0] for row in rows), began / 1e9)
         start = next(self._turn)
         unsent: list[str] = []
         order = sessions[start % len(sessions):] + sessions[: start % len(sessions)]

@@ -171,6 +171,8 @@ class SessionHandler:
         """An assignment left for the worker: its start goes to the writer."""
         entry.sent = True
         self.writer.start(entry, session.worker_id)
+        if self.claimer.hops is not None:
+            self.claimer.hops.sent(entry.task_id)
 
     def on_result(self, session: WorkerSession, result: pb.TaskResult) -> str | None:
         """Take a worker's result; returns a complaint for a result we could not use."""

@@ -34,6 +34,7 @@ from dispatcher import protocol, sql
 from dispatcher.claimer import Claimer, ClaimerSettings
 from dispatcher.controls import QueueControls
 from dispatcher.handler import HandlerSettings, SessionHandler
+from dispatcher.hops import HopLog
 from dispatcher.keepalive import Keepalive
 from dispatcher.relay import Relay
 from dispatcher.session import SessionRegistry
@@ -61,6 +62,7 @@ class NodeSettings:
     buffer_bytes: int = 32 * 1024 * 1024
     max_worker_concurrency: int = 1_000
     retry_params: dict[str, float] = field(default_factory=dict)
+    hop_log: str = ""  # a file for per-task timestamps (dispatcher.hops), for the benchmark
 
     @classmethod
     def from_settings(cls) -> NodeSettings:
@@ -79,6 +81,7 @@ class NodeSettings:
             buffer_bytes=int(valka_settings.DISPATCH_BUFFER_BYTES),
             max_worker_concurrency=int(valka_settings.MAX_WORKER_CONCURRENCY),
             retry_params=RetryPolicy.from_settings().sql_params(),
+            hop_log=valka_settings.DISPATCH_HOP_LOG,
         )
 
 
@@ -96,6 +99,7 @@ class DispatcherNode:
                                                      retry_params=s.retry_params, buffer_bytes=s.buffer_bytes))
         self.claimer = Claimer(pool=self.claim_pool, sessions=self.sessions, unsend=self.writer.unsend,
                                room=self.writer.room, controls=QueueControls(max_age=s.poll_interval),
+                               hops=HopLog(s.hop_log) if s.hop_log else None,
                                settings=ClaimerSettings(node_id=s.node_id, poll_interval=s.poll_interval))
         self.handler = SessionHandler(pool=self.pool, sessions=self.sessions, writer=self.writer,
                                       claimer=self.claimer,

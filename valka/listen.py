@@ -78,7 +78,7 @@ class Listener:
                     pass
                 backoff = min(backoff * 2, 5.0)
 
-    async def _read(self, gen: AsyncGenerator[psycopg.Notify, None]) -> None:
+    async def _read(self, gen: AsyncGenerator[psycopg.Notify]) -> None:
         async for note in gen:
             handler = self.handlers.get(note.channel)
             if handler is not None:

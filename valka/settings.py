@@ -167,6 +167,7 @@ VALKA = {
     # How often a dispatcher re-reads cancels and signals for the runs its workers hold, in case a
     # notification was lost (seconds); also done whenever its LISTEN connection comes back.
     "DISPATCH_SWEEP_INTERVAL": env.float("VALKA_DISPATCH_SWEEP_INTERVAL", default=5.0),
+    "DISPATCH_HOP_LOG": env.str("VALKA_DISPATCH_HOP_LOG", default=""),
     # A run's log is kept up to this many lines and bytes; the rest is dropped, and one line says how much.
     "RUN_LOG_MAX_LINES": env.int("VALKA_RUN_LOG_MAX_LINES", default=10_000),
     # What a dispatcher buffers for the database (results, logs) before it stops claiming and

@@ -18,7 +18,8 @@ def quiet(monkeypatch):
 def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
     stack = BenchStack(database_url(), tmp_path)
     try:
-        _, addr = stack.dispatcher()
+        hop_log = tmp_path / "hops.jsonl"
+        _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
         stack.workers(addr, count=1, concurrency=8,
                       queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE])
         drained = drain.drain(database_url(), n=50, rounds=1, timeout=20)
@@ -27,11 +28,16 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         assert controlled["max_running"]["n"] == 30 and controlled["max_running"]["max_running"] == 8
         assert controlled["keys"]["n"] == 30 and controlled["keys"]["max_running_per_key"] == 1
         assert Task.objects.filter(queue=drain.KEYED_QUEUE).values("concurrency_key").distinct().count() == 30
-        waited = drain.latency(database_url(), count=5, rate=50)
+        waited = drain.latency(database_url(), count=5, rate=50, hop_log=hop_log)
         # From the call's start a handler cannot have started yet; from its return it can seem to
         # have, on a busy machine that runs the worker before the enqueuing thread again.
         assert waited["samples"] == 5 and waited["p50_ms"] <= waited["p99_ms"] < 5000
         assert 0 < waited["from_call"]["p50_ms"] <= waited["from_call"]["p99_ms"] < 5000
+        # Each task inserted on its own is named by its NOTIFY, so every hop has its moments.
+        assert waited["hops"]["samples"] == 5
+        hop = waited["hops"][drain.HOPS[3][0]]  # the claim itself
+        assert 0 < hop["p50_ms"] <= hop["p99_ms"] < 5000
+        assert "| claim (CLAIM_IDS or CLAIM, one round trip) |" in report.table({"valka": {"latency": waited}})
     finally:
         stack.stop_all()
 
@@ -75,7 +81,8 @@ def test_djangos_task_api_workloads(tmp_path, quiet):
 
     stack = BenchStack(database_url(), tmp_path)
     try:
-        _, addr = stack.dispatcher()
+        hop_log = tmp_path / "hops.jsonl"
+        _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
         _, web = stack.web()
         key = api_key_create(name="bench", scope="write")[1]
         local = django_tasks.enqueue_in_process(20)
@@ -101,7 +108,8 @@ def test_the_schedules_workloads_on_a_real_stack(tmp_path, quiet):
 
     stack = BenchStack(database_url(), tmp_path)
     try:
-        _, addr = stack.dispatcher()
+        hop_log = tmp_path / "hops.jsonl"
+        _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
         stack.workers(addr, count=1, concurrency=8, queues=[drain.DRAIN_QUEUE])
         fired = schedules.fire(stack, count=30, drain_n=20, cron=False, lead=3.0)
         assert fired["fired"] == 30 and 0 < fired["seconds"] < 30, fired
