@@ -237,6 +237,23 @@ def test_the_django_backend_sends_at_the_commit_in_the_trace_of_the_enqueue(span
     assert carried.split("-")[2] == trace.format_span_id(enqueue.context.span_id)
 
 
+@pytest.mark.django_db
+def test_the_django_backend_in_process_enqueues_in_the_caller_s_trace(spans):
+    """In-process mode (Valka's own project, no URL): `Task.enqueue()` is `valka.enqueue` in this
+    process, so its span is the caller's child and the task carries it, beside the task's own metadata."""
+    from tasks.models import Task
+    from tests.sdk import django_tasks
+
+    with trace.get_tracer("the view").start_as_current_span("POST /orders") as view:
+        result = django_tasks.send_receipt.enqueue(41)
+    enqueue, = [s for s in spans.get_finished_spans() if s.name == "valka.enqueue"]
+    assert enqueue.kind == SpanKind.PRODUCER and enqueue.parent.span_id == view.get_span_context().span_id
+    assert enqueue.attributes["messaging.message.id"] == result.id
+    assert Task.objects.get(id=result.id).metadata == {
+        "m": 1, tracing.TRACEPARENT: f"00-{trace.format_trace_id(enqueue.context.trace_id)}-"
+                                     f"{trace.format_span_id(enqueue.context.span_id)}-{enqueue.context.trace_flags:02x}"}
+
+
 def test_a_provider_set_later_is_seen_within_look_again(fresh_globals, monkeypatch):
     monkeypatch.setattr(tracing, "LOOK_AGAIN", 0.2)
     assert tracing.tracer() is None
