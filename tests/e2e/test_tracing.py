@@ -96,3 +96,34 @@ def test_grpc_create_task_with_traceparent_and_a_worker_that_knows_nothing_of_tr
     task = services.task_enqueue(task_name="echo", queue="default", metadata={TRACEPARENT: CALLER})
     assert wait_status(task.id, "COMPLETED").output["echo"] is None
     assert not any(s["service"] == "valka-worker" for s in collector.spans())
+
+
+def test_without_a_tracer_provider_a_context_passes_through_and_an_invalid_one_is_ignored(stack):
+    """No process traces (no OTEL_* in their environment): a caller's context is stored as it came
+    (no valka.enqueue span made it a parent), an invalid one is dropped and never refused, over REST
+    and gRPC, and the SDK worker runs every task."""
+    web = stack.web()
+    _, addr = stack.dispatcher()
+    stack.worker(addr)
+    ids, stored = [], []
+    for header in (CALLER, "00-garbage", "00-" + "0" * 32 + "-" + CALLER_SPAN + "-01"):
+        response = httpx.post(f"{web}/api/v1/tasks", headers={"traceparent": header},
+                              json={"task_name": "echo", "queue": "default"})
+        assert response.status_code == 201, response.text
+        ids.append(response.json()["id"])
+        stored.append(response.json()["metadata"])
+    response = httpx.post(f"{web}/api/v1/tasks/batch", headers={"traceparent": "not-a-traceparent"},
+                          json={"tasks": [{"task_name": "echo", "queue": "default"}]})
+    assert response.status_code == 201, response.text
+    ids.append(response.json()["results"][0]["task"]["id"])
+    stored.append(response.json()["results"][0]["task"]["metadata"])
+    with grpc.insecure_channel(addr) as channel:
+        stub = api_pb2_grpc.ApiServiceStub(channel)
+        for header in (CALLER, "00-garbage"):
+            task = stub.CreateTask(api_pb2.CreateTaskRequest(queue_name="default", task_name="echo"),
+                                   metadata=(("traceparent", header),)).task
+            ids.append(task.id)
+            stored.append(json.loads(task.metadata or "{}"))
+    assert stored == [{TRACEPARENT: CALLER}, {}, {}, {}, {TRACEPARENT: CALLER}, {}]
+    for task_id in ids:
+        wait_status(task_id, "COMPLETED")
