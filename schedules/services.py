@@ -62,22 +62,22 @@ def _insert(spec: ScheduleSpec, *, declared: bool) -> Schedule:
 def schedule_update(*, name: str, data: Any) -> Schedule:
     """Apply the fields of `data` to schedule `name` (a PATCH) and validate the result as a whole.
 
-    A declared schedule (VALKA_SCHEDULES) takes only `enabled` here (else INVALID_STATE); the
-    reconciliation changes the rest. The name cannot change."""
+    A declared schedule (VALKA_SCHEDULES) takes only `enabled` here (a valid change to anything
+    else is INVALID_STATE); the reconciliation changes the rest. The name cannot change."""
     if not isinstance(data, Mapping):
         raise ValidationError("the request body must be a JSON object", {"body": ["must be a JSON object"]})
     with transaction.atomic():
         schedule = selectors.schedule_get(name=name, for_update=True)
         if "name" in data and data["name"] != schedule.name:
             raise ValidationError.field("name", "cannot be changed (delete the schedule and create another)")
+        spec = parse_schedule_spec({**schedule_fields(schedule), **data})
         if schedule.declared:
-            changed = sorted(key for key, value in data.items()
-                             if key != "enabled" and key in schedule_fields(schedule)
-                             and value != schedule_fields(schedule)[key])
+            # Compared as parsed, so a GET's body sent back (times as text) changes nothing.
+            changed = sorted(key for key, value in spec.columns().items()
+                             if key != "enabled" and value != getattr(schedule, key))
             if changed:
                 raise InvalidState(f"schedule {name!r} is declared in VALKA_SCHEDULES: only enabled can be "
                                    f"changed here (not {', '.join(changed)})", {"declared": [True]})
-        spec = parse_schedule_spec({**schedule_fields(schedule), **data})
         _apply(schedule, spec)
     return schedule
 

@@ -120,9 +120,13 @@ def test_a_taken_name_is_a_400_naming_name(client_api):
 
 
 def test_a_declared_schedule_takes_only_enabled(client_api):
-    services.schedules_reconcile(entries=[BODY])
+    services.schedules_reconcile(entries=[{**BODY, "start_at": "2030-01-01T00:00:00+01:00"}])
     assert client_api.patch("/api/v1/schedules/nightly-report", {"enabled": False}, format="json").json()[
         "enabled"] is False
+    body = client_api.get("/api/v1/schedules/nightly-report").json()  # sent back whole, times as text
+    changed = client_api.patch("/api/v1/schedules/nightly-report", {**body, "enabled": True}, format="json")
+    assert changed.status_code == 200, changed.content
+    assert changed.json()["enabled"] is True and changed.json()["next_run_at"] == body["next_run_at"]
     assert_error(client_api.patch("/api/v1/schedules/nightly-report", {"cron": "@daily"}, format="json"), 409,
                  "INVALID_STATE")
     assert_error(client_api.delete("/api/v1/schedules/nightly-report"), 409, "INVALID_STATE")
