@@ -159,7 +159,10 @@ def _slot_check(check: Any) -> None:
 def declared_spec(index: int, entry: Any) -> ScheduleSpec:
     """An entry of VALKA_SCHEDULES; an invalid one names itself and its field."""
     label = f"VALKA_SCHEDULES[{index}]"
-    if isinstance(entry, Mapping) and isinstance(entry.get("name"), str):
+    if not isinstance(entry, Mapping):
+        raise ValidationError(f"{label}: must be a dict of a schedule's fields, not {type(entry).__name__}",
+                              {label: ["must be a dict"]})
+    if isinstance(entry.get("name"), str):
         label += f" ({entry['name']})"
     try:
         return parse_schedule_spec(entry)

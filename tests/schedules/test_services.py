@@ -126,6 +126,13 @@ def test_an_invalid_entry_names_the_schedule_and_the_field_and_writes_nothing(en
     assert not Schedule.objects.exists()
 
 
+def test_an_entry_that_is_no_dict_says_so():
+    with pytest.raises(ValidationError) as err:
+        services.schedules_reconcile(entries=[NIGHTLY, "nightly"])
+    assert err.value.message == "VALKA_SCHEDULES[1]: must be a dict of a schedule's fields, not str"
+    assert not Schedule.objects.exists()
+
+
 def test_run_scheduler_stops_at_start_on_an_invalid_entry(settings):
     settings.VALKA = {**settings.VALKA, "SCHEDULES": [{**NIGHTLY, "cron": "0 3 * *"}], "DEVELOPMENT": True}
     with pytest.raises(CommandError, match=r"VALKA_SCHEDULES\[0\] \(nightly\): cron: must have 5 fields"):
