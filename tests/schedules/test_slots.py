@@ -89,6 +89,12 @@ def test_fall_back_a_repeated_time_fires_once_an_hourly_one_twice():
     assert walk(daily, berlin(2026, 10, 24, 12), 3) == [berlin(2026, 10, 25, 2, 30), berlin(2026, 10, 26, 2, 30),
                                                         berlin(2026, 10, 27, 2, 30)]
     assert berlin(2026, 10, 25, 2, 30) == datetime(2026, 10, 25, 0, 30, tzinfo=UTC)  # the first 02:30 (CEST)
+    daily = Timing(cron_fields("30 1 * * *"), None, "America/New_York")
+    assert walk(daily, new_york(2026, 10, 31, 12), 2) == [new_york(2026, 11, 1, 1, 30), new_york(2026, 11, 2, 1, 30)]
+    assert new_york(2026, 11, 1, 1, 30) == datetime(2026, 11, 1, 5, 30, tzinfo=UTC)  # the first 01:30 (EDT)
+    hourly = Timing(cron_fields("0 * * * *"), None, "Europe/Berlin")
+    assert walk(hourly, berlin(2026, 10, 25, 1, 0), 4) == [
+        berlin(2026, 10, 25, 1), berlin(2026, 10, 25, 2), berlin(2026, 10, 25, 2, fold=1), berlin(2026, 10, 25, 3)]
     hourly = Timing(cron_fields("0 * * * *"), None, "America/New_York")
     assert walk(hourly, new_york(2026, 11, 1, 0), 4) == [
         new_york(2026, 11, 1, 0), new_york(2026, 11, 1, 1), new_york(2026, 11, 1, 1, fold=1), new_york(2026, 11, 1, 2)]
