@@ -3,6 +3,7 @@ declared schedules, who may call what, and the OpenAPI schema."""
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime
 
 import pytest
@@ -49,7 +50,9 @@ def test_create_read_change_trigger_delete(client_api):
     fired = client_api.post("/api/v1/schedules/nightly-report/trigger")
     assert fired.status_code == 201, fired.content
     task = fired.json()
-    assert task["idempotency_key"].startswith("schedule:nightly-report:manual:") and task["status"] == "PENDING"
+    prefix, manual = task["idempotency_key"].rsplit(":", 1)
+    assert prefix == "schedule:nightly-report:manual" and str(uuid.UUID(manual)) == manual
+    assert task["status"] == "PENDING"
     assert task["metadata"] == {"team": "ops", "valka.schedule": "nightly-report"} and task["priority"] == 2
     again = client_api.get("/api/v1/schedules/nightly-report").json()
     assert again["last_task_id"] == task["id"] and again["last_task_status"] == "PENDING"
