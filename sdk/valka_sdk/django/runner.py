@@ -30,12 +30,14 @@ import grpc
 from django.db import close_old_connections, connections
 from django.tasks import Task, TaskContext, TaskResult, TaskResultStatus, task_backends
 from django.tasks.base import TaskError
+from django.tasks.exceptions import InvalidTaskBackend
 from django.tasks.signals import task_finished, task_started
 from django.utils.json import normalize_json
 from django.utils.module_loading import import_string
 
 from valka_sdk import Worker
 from valka_sdk.context import TaskContext as ValkaContext
+from valka_sdk.django.backend import ValkaBackend
 from valka_sdk.errors import NonRetryableError, TaskCancelled, class_path
 from valka_sdk.worker import Handler
 
@@ -187,21 +189,25 @@ def build_worker(*, backend_alias: str = "default", queues: list[str] | None = N
                  tls_key_file: str | None = None, tls: bool | None = None) -> Worker:
     """A worker for the backend `backend_alias`'s queues (or `queues`), from its OPTIONS; the
     arguments given override them."""
-    backend = task_backends[backend_alias]
-    options = getattr(backend, "settings", None)
-    server = dispatcher or getattr(options, "dispatcher", None)
+    try:
+        backend = task_backends[backend_alias]
+    except InvalidTaskBackend as exc:
+        raise ValueError(f"no task backend {backend_alias!r}: {exc}") from None
+    if not isinstance(backend, ValkaBackend):
+        raise ValueError(f"TASKS[{backend_alias!r}] is a {type(backend).__name__}, not a ValkaBackend: "
+                         "its tasks do not go through Valka")
+    options = backend.settings
+    server = dispatcher or options.dispatcher
     if not server:
         raise ValueError(f"no dispatcher: set TASKS[{backend_alias!r}]['OPTIONS']['DISPATCHER'] or --dispatcher")
     worker: Worker | None = None
     resolver = DjangoTasks(backend_alias, lambda: worker.worker_id if worker else "")
     worker = Worker(
         server, queues=sorted(queues or backend.queues or ["default"]), concurrency=concurrency, name=name,
-        worker_id=worker_id, token=getattr(options, "worker_token", None), resolve=resolver,
+        worker_id=worker_id, token=options.worker_token, resolve=resolver,
         # Django's "Task id=... state=..." lines repeat what the run's status says.
         capture_logging=True, capture_logging_except=("django.tasks",), interrupt_sync_handlers=True,
-        tls=tls_credentials(tls_ca_file or getattr(options, "tls_ca_file", None),
-                            tls_cert_file or getattr(options, "tls_cert_file", None),
-                            tls_key_file or getattr(options, "tls_key_file", None),
-                            tls if tls is not None else getattr(options, "tls", False)),
+        tls=tls_credentials(tls_ca_file or options.tls_ca_file, tls_cert_file or options.tls_cert_file,
+                            tls_key_file or options.tls_key_file, tls if tls is not None else options.tls),
     )
     return worker
