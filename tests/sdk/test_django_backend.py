@@ -1,9 +1,11 @@
 """`ValkaBackend` in this process: validation before anything is sent, the system checks, the
-in-process mode of Valka's own project (its enqueue in the caller's transaction), and a remote
-server that cannot be reached. The whole path over REST and gRPC: tests/e2e/test_django_tasks.py."""
+in-process mode of Valka's own project (its enqueue in the caller's transaction), a remote
+server that cannot be reached, `get_result`'s reading of every status and of the runs, and the
+async calls. The whole path over REST and gRPC: tests/e2e/test_django_tasks.py."""
 
 from __future__ import annotations
 
+import asyncio
 import math
 from datetime import UTC, datetime, timedelta
 
@@ -11,13 +13,15 @@ import pytest
 from django.core.exceptions import ImproperlyConfigured
 from django.db import transaction
 from django.tasks import TaskResultStatus, task_backends
-from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist
+from django.tasks.exceptions import InvalidTask, TaskResultDoesNotExist, TaskResultMismatch
+from django.utils import timezone
 
 from tasks.models import Task
+from tests.factories import TaskFactory, TaskRunFactory
 from tests.sdk import django_tasks
 from valka.devdb import free_port
 from valka_sdk.django import ValkaBackend, ValkaTask
-from valka_sdk.errors import ValkaUnavailable
+from valka_sdk.errors import RunFailed, RunLost, ValkaUnavailable, format_failure
 
 DOWN = f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
@@ -120,3 +124,63 @@ def test_system_checks_name_what_is_wrong(settings):
     assert [m.id for m in task_backends["x"].check()] == ["valka_sdk.E004"], "an API key off loopback"
     with pytest.raises(ImproperlyConfigured, match="API_KEY"):
         receipt(backend="x").enqueue(1)
+
+
+@pytest.mark.parametrize(("valka", "django"), [
+    ("PENDING", "READY"), ("DISPATCHING", "READY"), ("RETRY", "READY"), ("RUNNING", "RUNNING"),
+    ("COMPLETED", "SUCCESSFUL"), ("FAILED", "FAILED"), ("DEAD_LETTER", "FAILED"), ("CANCELLED", "FAILED"),
+])
+@pytest.mark.django_db(transaction=True)
+def test_get_result_maps_every_valka_status(backends, valka, django):
+    row = TaskFactory(task_name="tests.sdk.django_tasks.send_receipt", queue="emails", priority=7, status=valka,
+                      input={"args": [5], "kwargs": {"copy": True}},
+                      output={"sent": 5} if valka == "COMPLETED" else None)
+    result = django_tasks.send_receipt.get_result(str(row.id))
+    assert (result.status, result.args, result.kwargs, result.task.queue_name) == (django, [5], {"copy": True},
+                                                                                   "emails")
+    assert result.is_finished == (django in ("SUCCESSFUL", "FAILED"))
+    if valka == "COMPLETED":
+        assert result.return_value == {"sent": 5}
+    else:
+        with pytest.raises(ValueError):
+            result.return_value  # noqa: B018 (Django's property raises until SUCCESSFUL)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_get_result_reads_each_run_as_an_error_a_worker_and_a_time(backends):
+    try:
+        raise ConnectionError("the mail server hung up")
+    except ConnectionError as exc:
+        sent = format_failure("ConnectionError: the mail server hung up", exc)
+    row = TaskFactory(task_name="tests.sdk.django_tasks.send_receipt", queue="emails", priority=7,
+                      status="DEAD_LETTER", attempt_count=3, input={"args": [5], "kwargs": {}})
+    start = timezone.now() - timedelta(minutes=5)
+    runs = [TaskRunFactory(task=row, attempt_number=n, worker_id=f"w{n}", status=status, error_message=message,
+                           started_at=start + timedelta(minutes=n), finished_at=start + timedelta(minutes=n, seconds=9))
+            for n, status, message in ((1, "FAILED", sent), (2, "LOST", "lease expired"),
+                                       (3, "FAILED", "output too large"))]
+    result = django_tasks.send_receipt.get_result(str(row.id))
+    assert (result.status, result.worker_ids, result.attempts) == ("FAILED", ["w1", "w2", "w3"], 3)
+    assert [(e.exception_class_path, e.exception_class) for e in result.errors] == [
+        ("builtins.ConnectionError", ConnectionError), ("valka_sdk.errors.RunLost", RunLost),
+        ("valka_sdk.errors.RunFailed", RunFailed)]
+    assert result.errors[0].traceback.startswith("Traceback (most recent call last):")
+    assert result.errors[0].traceback.rstrip().endswith("ConnectionError: the mail server hung up")
+    assert [e.traceback for e in result.errors[1:]] == ["lease expired", "output too large"]
+    row.refresh_from_db()
+    assert (result.enqueued_at, result.started_at, result.last_attempted_at, result.finished_at) == (
+        row.created_at, runs[0].started_at, runs[2].started_at, row.finished_at)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_aenqueue_and_aget_result(backends):
+    async def enqueue_and_read():
+        sent = await django_tasks.async_receipt.aenqueue(9)
+        return sent, await django_tasks.async_receipt.aget_result(sent.id)
+
+    sent, read = asyncio.run(enqueue_and_read())
+    assert sent.status == TaskResultStatus.READY and sent.enqueued_at is not None
+    assert (read.id, read.status, read.args) == (sent.id, TaskResultStatus.READY, [9])
+    assert Task.objects.get(id=sent.id).task_name == "tests.sdk.django_tasks.async_receipt"
+    with pytest.raises(TaskResultMismatch):
+        asyncio.run(django_tasks.send_receipt.aget_result(sent.id))
