@@ -1,7 +1,8 @@
 """valka-sdk installs alone: a fresh virtualenv with `./sdk[django]` has no server packages (no
 top-level `tasks`, `signals`, `dispatcher` or `valka` to collide with a project's apps), needs no
-PostgreSQL, and its Django backend loads and passes its checks; without the `otel` extra it has
-OpenTelemetry's API only, and records nothing. pip's cache keeps it quick."""
+PostgreSQL, and its Django backend loads and passes its checks (with no `URL` it fails them: there
+is no server to enqueue in); without the `otel` extra it has OpenTelemetry's API only, and records
+nothing. pip's cache keeps it quick."""
 
 from __future__ import annotations
 
@@ -31,6 +32,19 @@ call_command("check")
 assert "valka_worker" in get_commands()
 assert type(task_backends["default"]).__module__ == "valka_sdk.django.backend"
 import valka_sdk, valka_sdk.v1.worker_pb2
+# No URL, and no Valka project to enqueue in: a system check, and ImproperlyConfigured at enqueue.
+from django.core.exceptions import ImproperlyConfigured
+from django.tasks import Task
+from valka_sdk.django import ValkaBackend
+bare = ValkaBackend("bare", {"QUEUES": ["default"], "OPTIONS": {}})
+assert [m.id for m in bare.check()] == ["valka_sdk.E002"], bare.check()
+def ping(): pass
+try:
+    bare.enqueue(Task(func=ping), (), {})
+except ImproperlyConfigured as exc:
+    assert "has no 'URL'" in str(exc), exc
+else:
+    raise AssertionError("enqueued with no URL")
 # OpenTelemetry's API alone (no `otel` extra): asked for traces, the SDK says what is missing and records nothing.
 import os
 assert importlib.util.find_spec("opentelemetry.trace") and not importlib.util.find_spec("opentelemetry.sdk")
