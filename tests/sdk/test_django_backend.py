@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import math
 from datetime import UTC, datetime, timedelta
+from datetime import timezone as timezone_of
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
@@ -79,6 +80,7 @@ def test_in_project_enqueue_follows_the_callers_transaction(backends):
     ({"queue_name": "nope"}, (1,), "Queue 'nope' is not valid"),
     ({"priority": 101}, (1,), "priority must be"),
     ({"run_after": datetime(2030, 1, 1)}, (1,), "run_after must be an aware datetime"),
+    ({"run_after": datetime(1, 1, 1, tzinfo=timezone_of(timedelta(hours=5)))}, (1,), "run_after must fall within"),
     ({"max_retries": -1}, (1,), "max_retries must be"),
     ({"timeout_seconds": 0}, (1,), "timeout_seconds must be"),
     ({"idempotency_key": ""}, (1,), "idempotency_key must be"),
