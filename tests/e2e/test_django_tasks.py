@@ -15,6 +15,7 @@ import pytest
 from tasks import services
 from tasks.models import Task, TaskLog
 from tests.helpers import ROOT, wait_for, wait_status
+from valka_sdk import Client
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -73,6 +74,14 @@ def marks(shop) -> list[tuple[str, float]]:
     return [(name, float(at)) for name, at in (line.split() for line in lines)]
 
 
+def signals_of(shop, task_id: str) -> list[tuple[str, str, list[str]]]:
+    """The task signals the shop's receivers heard for `task_id`: (signal, status, errors' classes)."""
+    with open(shop.env["SHOP_MARKS"] + ".signals") as f:
+        lines = [json.loads(line) for line in f]
+    assert {line["sender"] for line in lines} == {"ValkaBackend"}
+    return [(line["signal"], line["status"], line["errors"]) for line in lines if line["id"] == task_id]
+
+
 def test_enqueue_run_retry_fail_and_read_the_results(stack, shop):
     stack.django_worker("--concurrency", "4", **shop.env)
     added = shop.enqueue("add", 2, 3)
@@ -82,6 +91,8 @@ def test_enqueue_run_retry_fail_and_read_the_results(stack, shop):
     charged = shop.enqueue("charge", 42)
     not_json = shop.enqueue("not_json")
     unknown = services.task_enqueue(task_name="tests.django_project.shop.tasks.not_a_task", queue="default",
+                                    input={"args": [], "kwargs": {}})
+    missing = services.task_enqueue(task_name="tests.django_project.shop.tasks.nope", queue="default",
                                     input={"args": [], "kwargs": {}})
 
     done = shop.wait_finished("add", added["id"])
@@ -116,6 +127,17 @@ def test_enqueue_run_retry_fail_and_read_the_results(stack, shop):
     assert "the task's return value is not JSON" in refused["errors"][0]["traceback"]
     gone = wait_status(unknown.id, "FAILED")
     assert "is not a @task function" in gone.error_message and gone.attempt_count == 1
+    gone = wait_status(missing.id, "FAILED")
+    assert "'tests.django_project.shop.tasks.nope' is not importable" in gone.error_message
+    assert gone.attempt_count == 1
+
+    # Django's task signals, around every run, sync or async, from the backend's class.
+    ran = [("task_started", "RUNNING", []), ("task_finished", "SUCCESSFUL", [])]
+    assert signals_of(shop, added["id"]) == signals_of(shop, summed["id"]) == ran
+    assert signals_of(shop, flaky["id"]) == [("task_started", "RUNNING", []),
+                                             ("task_finished", "FAILED", ["builtins.ConnectionError"]), *ran]
+    card = "tests.django_project.shop.tasks.CardDeclined"
+    assert signals_of(shop, charged["id"]) == [("task_started", "RUNNING", []), ("task_finished", "FAILED", [card])]
 
     assert shop.result("add", str(unknown.id))["error"] == "django.tasks.exceptions.TaskResultDoesNotExist"
     assert shop.result("add", "0190f6e0-0000-7000-8000-000000000000")["error"].endswith("TaskResultDoesNotExist")
@@ -152,8 +174,9 @@ def test_cancelling_through_valka_stops_the_function(stack, shop):
     for answer in running:
         wait_status(answer["id"], "RUNNING")
     wait_for(lambda: {"async-started", "sync-started"} <= {name for name, _ in marks(shop)}, 10, what="started")
-    for answer in running:
-        services.task_cancel(task_id=answer["id"])
+    with Client(shop.env["VALKA_URL"]) as client:  # the REST API (anonymous on the test stack)
+        for answer in running:
+            client.cancel_task(answer["id"])
     wait_for(lambda: {"async-stopped", "sync-stopped"} <= {name for name, _ in marks(shop)}, 10,
              what="both functions stopped")
     for (task, _), answer in zip((("sleeper", "async"), ("sync_sleeper", "sync")), running, strict=True):
