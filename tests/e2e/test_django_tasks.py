@@ -5,6 +5,7 @@ Valka: its own settings, app and SQLite database) enqueues through `ValkaBackend
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -13,7 +14,7 @@ from datetime import datetime
 import pytest
 
 from tasks import services
-from tasks.models import Task, TaskLog
+from tasks.models import Task, TaskLog, Worker
 from tests.helpers import ROOT, wait_for, wait_status
 from valka_sdk import Client
 
@@ -185,3 +186,14 @@ def test_cancelling_through_valka_stops_the_function(stack, shop):
         assert result["errors"][0]["exception_class_path"] == "valka_sdk.errors.TaskCancelled"
     time.sleep(0.3)
     assert not {"async-finished", "sync-finished"} & {name for name, _ in marks(shop)}
+
+
+def test_sigterm_lets_a_running_task_finish_then_exits(stack, shop):
+    worker = stack.django_worker("--concurrency", "2", name="drainer", **shop.env)
+    running = shop.enqueue("sync_sleeper", "draining", 2)
+    wait_for(lambda: "draining-started" in {name for name, _ in marks(shop)}, 20, what="started")
+    worker.send_signal(signal.SIGTERM)
+    assert worker.wait(30) == 0, "a clean exit once drained"
+    assert "draining-finished" in {name for name, _ in marks(shop)}
+    assert shop.result("sync_sleeper", running["id"])["ok"]["status"] == "SUCCESSFUL"
+    wait_for(lambda: Worker.objects.filter(name="drainer", status="DISCONNECTED").exists(), what="disconnected")
