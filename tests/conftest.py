@@ -35,8 +35,9 @@ def _test_database_left_alone(django_db_setup, django_db_blocker):
     """Wait, at the end, for the test database's other sessions to end before pytest-django drops it.
 
     A process a test stopped may still have a backend on its way out (PostgreSQL notices a closed
-    socket at its next read), and DROP DATABASE refuses while one is there. Ten seconds is ample
-    for that; a session still there after them is ended, and named, so a real leak shows."""
+    socket at its next read), and DROP DATABASE refuses while one is there. Two seconds are ample
+    for that; a session still there after them (a connection a test's thread left open in this
+    process, mostly) is ended, and named."""
     yield
     import time
 
@@ -44,7 +45,7 @@ def _test_database_left_alone(django_db_setup, django_db_blocker):
 
     with django_db_blocker.unblock(), connection.cursor() as cur:
         others = "FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 2
         while True:
             cur.execute(f"SELECT pid, application_name {others}")
             left = cur.fetchall()
