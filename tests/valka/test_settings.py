@@ -137,9 +137,10 @@ def test_a_server_without_a_secret_key_refuses_to_start(command):
                      "production, or VALKA_DEVELOPMENT=true for a local stack"]
 
 
-def test_the_web_app_without_a_secret_key_refuses_to_start():
+@pytest.mark.parametrize("entry", ["valka.asgi", "valka.wsgi"])
+def test_the_web_app_without_a_secret_key_refuses_to_start(entry):
     env = {k: v for k, v in os.environ.items() if k not in (*INHERITED, "VALKA_DEVELOPMENT")}
-    result = subprocess.run([sys.executable, "-c", "import valka.asgi"], cwd=ROOT, env=env, capture_output=True,
+    result = subprocess.run([sys.executable, "-c", f"import {entry}"], cwd=ROOT, env=env, capture_output=True,
                             text=True, timeout=60)
     assert result.returncode == 1
     assert result.stderr.strip() == ("web: SECRET_KEY is not set: set it (and ALLOWED_HOSTS) to run in production, "
