@@ -314,8 +314,8 @@ class ApiKey(models.Model):
     class Scope(models.TextChoices):
         # Each scope allows what the ones above it do (tasks.api.auth.Need says what each action needs).
         READ = "read"  # every read: tasks, runs, logs, dead letters, workers, queues, signals, events
-        WRITE = "write"  # and create, cancel, replay, send signals, pause and resume queues
-        ADMIN = "admin"  # and delete tasks, change queues' limits
+        WRITE = "write"  # and create, cancel, replay, send signals, pause and resume queues, change schedules
+        ADMIN = "admin"  # and delete tasks and schedules, change queues' limits
 
     name = models.CharField(max_length=MAX_NAME)
     prefix = models.CharField(max_length=16, help_text="The first characters, to recognise a key.")

@@ -10,8 +10,9 @@ class Command(BaseCommand):
     def add_arguments(self, parser):
         parser.add_argument("name", help="What the key is for, e.g. 'billing-service'.")
         parser.add_argument("--scope", choices=ApiKey.Scope.values, default=ApiKey.Scope.WRITE,
-                            help="read: reads only; write (default): and create, cancel, replay, signal; "
-                                 "admin: and delete tasks.")
+                            help="read: reads only; write (default): and create, cancel, replay, signal, "
+                                 "pause queues, change schedules; admin: and delete tasks and schedules, "
+                                 "change queues' limits.")
 
     def handle(self, *args, name: str, scope: str, **options):
         record, key = api_key_create(name=name, scope=scope)
