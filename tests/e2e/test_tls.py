@@ -121,6 +121,20 @@ def test_mutual_tls_and_a_token_needs_both(stack, certs):
     assert say_hello(addr, creds, "w1:a", token="s3cret-token") == (grpc.StatusCode.OK, "w1:a")
 
 
+def test_a_django_worker_takes_its_tls_options(stack, certs, tmp_path):
+    """`manage.py valka_worker --tls-ca --tls-cert --tls-key` (docs/django.md) over mutual TLS: the
+    test Django project's `@task` runs, on the worker its certificate names."""
+    _, addr = stack.dispatcher(**tls_env(certs, mutual=True))
+    env = {"VALKA_DISPATCHER": addr, "SHOP_DB": str(tmp_path / "shop.sqlite3"), "SHOP_MARKS": str(tmp_path / "marks")}
+    stack.django_worker("--queue", "shop", "--worker-id", "w1:django", "--tls-ca", str(certs / "ca.crt"),
+                        "--tls-cert", str(certs / "w1.crt"), "--tls-key", str(certs / "w1.key"), **env)
+    task = services.task_enqueue(task_name="tests.django_project.shop.tasks.add", queue="shop",
+                                 input={"args": [2, 3], "kwargs": {}})
+    done = wait_status(task.id, "COMPLETED", "FAILED")
+    assert done.status == "COMPLETED", stack.logs()
+    assert [run.worker_id for run in done.runs.all()] == ["w1:django"]
+
+
 @pytest.mark.parametrize("settings, message", [
     ({"VALKA_GRPC_TLS_CERT": "{d}/dispatcher.crt"},
      "VALKA_GRPC_TLS_CERT is set but VALKA_GRPC_TLS_KEY is not"),
