@@ -12,9 +12,12 @@ and keep concurrent requests from overlapping.
 Every request body is read here, before either handler sees it, and within limits:
 - a request with a body to the REST API (under /api/, but for its public schema and docs pages)
   must first present a credential, unless VALKA_API_ANONYMOUS opens the API: with no
-  `Authorization` header and no session cookie it is answered 401 without a byte of its body
-  read, and so is an `Authorization` header that names no live API key (the key is looked up in
-  a web thread first). A session cookie is checked by Django, as is the CSRF token with it;
+  `Authorization` header and no signed-in session it is answered 401 without a byte of its body
+  read, and so is an `Authorization` header that names no live API key (the key, or the session
+  behind a cookie, is looked up in a web thread first). Django then checks the session fully,
+  and the CSRF token with it;
+- elsewhere (the admin's login page, say) a caller with no signed-in session has at most
+  ANONYMOUS_BODY_LIMIT bytes of its body read, and a 413 past them;
 - no more than DATA_UPLOAD_MAX_MEMORY_SIZE bytes are read: a `Content-Length` announcing more is
   answered 413 before anything is read, and a body that grows past it is answered 413 as soon as
   it does, the rest left unread;
@@ -35,6 +38,7 @@ import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
+from importlib import import_module
 from typing import Any
 
 from django.core.asgi import get_asgi_application
@@ -45,6 +49,7 @@ _django_asgi = get_asgi_application()  # sets Django up
 
 from asgiref.sync import iscoroutinefunction, sync_to_async  # noqa: E402
 from django.conf import settings  # noqa: E402
+from django.contrib.auth import SESSION_KEY  # noqa: E402
 from django.core.handlers.wsgi import WSGIHandler  # noqa: E402
 from django.db import close_old_connections  # noqa: E402
 from django.http.cookie import parse_cookie  # noqa: E402
@@ -66,6 +71,8 @@ Send = Callable[[dict[str, Any]], Awaitable[None]]
 STREAM_BATCH = 256 * 1024  # bytes of a streaming response handed to the event loop at once
 API_PREFIX = "/api/"
 API_PUBLIC = frozenset({"schema", "docs"})  # /api/schema/, /api/docs/: public pages
+# The most body bytes read from a caller not signed in outside the API (a login form is < 1 KiB).
+ANONYMOUS_BODY_LIMIT = 64 * 1024
 
 
 class _BodyTooLarge(Exception):
@@ -91,14 +98,20 @@ class Application:
         within the limit; then a sync view runs in a thread, an async one on Django's ASGI handler."""
         api = _is_api(_path_info(scope))
         key = None
-        if api and not valka_settings.API_ANONYMOUS and _has_body(scope):
-            refusal, key = await self._refusal(scope)
-            if refusal is not None:
-                await _send_error(send, 401, "UNAUTHORIZED", refusal, api=True,
-                                  headers=[(b"www-authenticate", b"Bearer")])
-                return
+        known = True  # the caller is known, or need not be: the whole limit applies to its body
+        if _has_body(scope):
+            if api and not valka_settings.API_ANONYMOUS:
+                refusal, key = await self._refusal(scope)
+                if refusal is not None:
+                    await _send_error(send, 401, "UNAUTHORIZED", refusal, api=True,
+                                      headers=[(b"www-authenticate", b"Bearer")])
+                    return
+            elif not api:
+                known = await self._signed_in(scope)
         is_async = _async_view(scope)
         limit = _body_limit(is_async)
+        if not known:
+            limit = ANONYMOUS_BODY_LIMIT if limit is None else min(limit, ANONYMOUS_BODY_LIMIT)
         announced = _content_length(scope)
         try:
             if limit is not None and announced is not None and announced > limit:
@@ -122,8 +135,9 @@ class Application:
     async def _refusal(self, scope: dict[str, Any]) -> tuple[str | None, ApiKey | None]:
         """Why the REST API would refuse this caller (its message) or None, and the live API key it
         presents, if any: handed on to the API's authentication, which then does not look it up
-        again. A session cookie is for Django to check. A key is looked for first, and a bad one
-        is refused whatever else comes with it, as the API's authentication does."""
+        again. A session must have a user signed in (Django then checks the rest). A key is looked
+        for first, and a bad one is refused whatever else comes with it, as the API's
+        authentication does."""
         authorization = _header(scope, b"authorization").decode("latin-1")
         if authorization:
             scheme, _, key = authorization.partition(" ")
@@ -131,9 +145,17 @@ class Application:
                 return "invalid authorization header", None
             live = await sync_to_async(_live_key, thread_sensitive=False, executor=self.executor)(key.strip())
             return (None, live) if live is not None else ("invalid API key", None)
-        if _session_cookie(scope):
+        if await self._signed_in(scope):
             return None, None
         return "Authentication credentials were not provided.", None
+
+    async def _signed_in(self, scope: dict[str, Any]) -> bool:
+        """Whether the request's session cookie names a session with a user signed in (looked up in
+        a web thread; whether that user may do anything is Django's to judge)."""
+        session_key = _session_key(scope)
+        if not session_key:
+            return False
+        return await sync_to_async(_session_user, thread_sensitive=False, executor=self.executor)(session_key)
 
     async def sync_request(self, scope: dict[str, Any], body: Any, size: int, send: Send,
                            key: ApiKey | None = None) -> None:
@@ -247,12 +269,22 @@ def _has_body(scope: dict[str, Any]) -> bool:
     return scope.get("http_version", "1.1") not in ("1.0", "1.1")
 
 
-def _session_cookie(scope: dict[str, Any]) -> bool:
-    """Whether the request carries Django's session cookie (Django decides what it is worth)."""
+def _session_key(scope: dict[str, Any]) -> str:
+    """The value of Django's session cookie in the request, or ""."""
     for name, value in scope.get("headers", ()):
-        if name.lower() == b"cookie" and parse_cookie(value.decode("latin-1")).get(settings.SESSION_COOKIE_NAME):
-            return True
-    return False
+        if name.lower() == b"cookie" and (key := parse_cookie(value.decode("latin-1")).get(
+                settings.SESSION_COOKIE_NAME)):
+            return key
+    return ""
+
+
+def _session_user(session_key: str) -> bool:
+    """In a web thread: whether the session `session_key` names has a user signed in (none held afterwards)."""
+    close_old_connections()
+    try:
+        return bool(import_module(settings.SESSION_ENGINE).SessionStore(session_key).get(SESSION_KEY))
+    finally:
+        close_old_connections()
 
 
 def _live_key(key: str) -> ApiKey | None:

@@ -243,10 +243,52 @@ def test_a_session_goes_on_to_django_which_checks_its_csrf_token(django_user_mod
     assert Task.objects.count() == 0
 
 
-def test_a_made_up_session_cookie_is_refused_by_django():
-    request = call(Request(body=TASK), headers={"Cookie": f"{settings.SESSION_COOKIE_NAME}=made-up"})
+def session_cookie(user: Any = None) -> dict[str, str]:
+    """The Cookie header of a session: `user`'s, signed in, or one without a user (as a page that
+    only stores something in the session makes)."""
+    browser = Client()
+    if user is not None:
+        browser.force_login(user)
+    else:
+        from django.contrib.sessions.backends.db import SessionStore
+
+        store = SessionStore()
+        store["seen"] = True
+        store.save()
+        browser.cookies[settings.SESSION_COOKIE_NAME] = store.session_key
+    return {"Cookie": f"{settings.SESSION_COOKIE_NAME}={browser.cookies[settings.SESSION_COOKIE_NAME].value}"}
+
+
+@pytest.mark.parametrize("cookie", ["made up", "no user"])
+def test_a_session_without_a_user_is_refused_before_the_body_is_read(cookie):
+    headers = session_cookie() if cookie == "no user" else {"Cookie": f"{settings.SESSION_COOKIE_NAME}=made-up"}
+    request = call(Request(size=10 * MiB), headers=headers, announce=False)
     assert_api_error(request, 401, "UNAUTHORIZED")
+    assert request.handed == 0 and request.calls == 0
     assert Task.objects.count() == 0
+
+
+# -- Outside the API: a caller not signed in has a small body read at most. --
+
+@pytest.mark.parametrize("cookie", ["none", "made up", "no user"])
+def test_outside_the_api_a_caller_not_signed_in_has_a_small_body_read_at_most(cookie):
+    headers = {"none": {}, "made up": {"Cookie": f"{settings.SESSION_COOKIE_NAME}=made-up"},
+               "no user": session_cookie()}[cookie]
+    request = call(Request(size=settings.DATA_UPLOAD_MAX_MEMORY_SIZE), "/admin/login/", headers=headers,
+                   announce=False)
+    assert request.status == 413 and str(asgi.ANONYMOUS_BODY_LIMIT).encode() in request.messages[1]["body"]
+    assert asgi.ANONYMOUS_BODY_LIMIT < request.handed <= asgi.ANONYMOUS_BODY_LIMIT + CHUNK
+    request = call(Request(size=asgi.ANONYMOUS_BODY_LIMIT + 1), "/admin/login/", headers=headers)
+    assert request.status == 413 and request.handed == 0, "an announced length past it: nothing read"
+    login = call(Request(body=b"username=a&password=b"), "/admin/login/", headers=headers)
+    assert login.status != 413 and login.handed == len(b"username=a&password=b")
+
+
+def test_outside_the_api_a_signed_in_user_has_the_whole_limit(django_user_model):
+    headers = session_cookie(django_user_model.objects.create_user("ops", is_staff=True))
+    request = call(Request(size=settings.DATA_UPLOAD_MAX_MEMORY_SIZE), "/admin/tasks/task/create/",
+                   headers=headers, announce=False)
+    assert request.status != 413 and request.handed == settings.DATA_UPLOAD_MAX_MEMORY_SIZE
 
 
 # -- What the gate leaves alone. --
