@@ -121,18 +121,25 @@ def test_mutual_tls_and_a_token_needs_both(stack, certs):
     assert say_hello(addr, creds, "w1:a", token="s3cret-token") == (grpc.StatusCode.OK, "w1:a")
 
 
-def test_a_django_worker_takes_its_tls_options(stack, certs, tmp_path):
-    """`manage.py valka_worker --tls-ca --tls-cert --tls-key` (docs/django.md) over mutual TLS: the
-    test Django project's `@task` runs, on the worker its certificate names."""
-    _, addr = stack.dispatcher(**tls_env(certs, mutual=True))
+@pytest.mark.parametrize("mutual", [True, False], ids=["mutual, its own CA", "system roots"])
+def test_a_django_worker_takes_its_tls_options(stack, certs, tmp_path, mutual):
+    """`manage.py valka_worker` over TLS (docs/django.md): `--tls-ca --tls-cert --tls-key` with
+    mutual TLS, where the worker is the one its certificate names, and `--tls` (the SDK's
+    `Worker(tls=True)`: the system's roots, here gRPC's GRPC_DEFAULT_SSL_ROOTS_FILE_PATH)."""
+    _, addr = stack.dispatcher(**tls_env(certs, mutual=mutual))
     env = {"VALKA_DISPATCHER": addr, "SHOP_DB": str(tmp_path / "shop.sqlite3"), "SHOP_MARKS": str(tmp_path / "marks")}
-    stack.django_worker("--queue", "shop", "--worker-id", "w1:django", "--tls-ca", str(certs / "ca.crt"),
-                        "--tls-cert", str(certs / "w1.crt"), "--tls-key", str(certs / "w1.key"), **env)
+    if mutual:
+        args = ["--worker-id", "w1:django", "--tls-ca", str(certs / "ca.crt"), "--tls-cert", str(certs / "w1.crt"),
+                "--tls-key", str(certs / "w1.key")]
+    else:
+        args = ["--worker-id", "roots", "--tls"]
+        env["GRPC_DEFAULT_SSL_ROOTS_FILE_PATH"] = str(certs / "ca.crt")
+    stack.django_worker("--queue", "shop", *args, **env)
     task = services.task_enqueue(task_name="tests.django_project.shop.tasks.add", queue="shop",
                                  input={"args": [2, 3], "kwargs": {}})
     done = wait_status(task.id, "COMPLETED", "FAILED")
     assert done.status == "COMPLETED", stack.logs()
-    assert [run.worker_id for run in done.runs.all()] == ["w1:django"]
+    assert [run.worker_id for run in done.runs.all()] == ["w1:django" if mutual else "roots"]
 
 
 @pytest.mark.parametrize("settings, message", [
