@@ -21,8 +21,6 @@ import uuid
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-import environ
-from django.conf import settings
 from django.db import connection
 from django.http import HttpRequest, HttpResponse
 from django.views.decorators.cache import never_cache
@@ -164,16 +162,13 @@ class Exposition:
 exposition = Exposition()
 
 
-def metrics_public() -> bool:
-    """VALKA_METRICS_PUBLIC (default true); `settings.VALKA["METRICS_PUBLIC"]` wins when set."""
-    configured = settings.VALKA.get("METRICS_PUBLIC")
-    if configured is None:
-        return environ.Env().bool("VALKA_METRICS_PUBLIC", default=True)
-    return bool(configured)
-
-
 def _allowed(request: HttpRequest) -> bool:
-    if metrics_public() or (request.user.is_authenticated and request.user.is_staff):
+    """Public unless VALKA_METRICS_PUBLIC is off; then an API key (any scope: it reads) or a staff
+    session that may see tasks, as the admin's overview asks."""
+    if valka_settings.METRICS_PUBLIC:
+        return True
+    user = request.user
+    if user.is_authenticated and user.is_staff and user.has_perm("tasks.view_task"):
         return True
     try:
         return ApiKeyAuthentication().authenticate(request) is not None
@@ -183,7 +178,7 @@ def _allowed(request: HttpRequest) -> bool:
 
 @never_cache
 def metrics_view(request: HttpRequest) -> HttpResponse:
-    """Public like /healthz unless VALKA_METRICS_PUBLIC=false; then a staff session or an API key."""
+    """Public like /healthz unless VALKA_METRICS_PUBLIC=false (see `_allowed`)."""
     if not _allowed(request):
         response = HttpResponse("authentication required\n", status=401, content_type="text/plain")
         response["WWW-Authenticate"] = "Bearer"

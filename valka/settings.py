@@ -180,6 +180,9 @@ VALKA = {
     "GRPC_TLS_CERT": env.str("VALKA_GRPC_TLS_CERT", default=""),
     "GRPC_TLS_KEY": env.str("VALKA_GRPC_TLS_KEY", default=""),
     "GRPC_TLS_CLIENT_CA": env.str("VALKA_GRPC_TLS_CLIENT_CA", default=""),
+    # /metrics is open to anyone who reaches the web app; false: an API key or a staff session that
+    # may see tasks.
+    "METRICS_PUBLIC": env.bool("VALKA_METRICS_PUBLIC", default=True),
     # /metrics is computed at most once per this many seconds in each web process.
     "METRICS_CACHE_SECONDS": env.float("VALKA_METRICS_CACHE_SECONDS", default=10.0),
     # Event streams and live log tails one web process serves at once; past it, a 503.

@@ -82,13 +82,15 @@ def test_queue_metrics_come_from_the_database(client):
     assert not any(key.startswith("valka_tasks_limited") for key in m)
 
 
-def test_metrics_can_require_authentication(client, admin_client, api_key):
+def test_metrics_can_require_authentication(client, admin_client, api_key, staff_client):
     with override_settings(VALKA={**settings.VALKA, "METRICS_PUBLIC": False}):
         r = client.get("/metrics")
         assert r.status_code == 401 and r["WWW-Authenticate"] == "Bearer"
         assert client.get("/metrics", HTTP_AUTHORIZATION="Bearer vk_wrong").status_code == 401
         metrics(client, HTTP_AUTHORIZATION=f"Bearer {api_key}")
         metrics(admin_client)
+        metrics(staff_client("tasks.view_task"))
+        assert staff_client().get("/metrics").status_code == 401  # staff that may not see tasks
 
 
 def test_metrics_quote_hostile_queue_names(client):
