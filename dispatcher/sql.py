@@ -308,7 +308,9 @@ WITH RECURSIVE queue AS MATERIALIZED (
     """ + MOVE_PICKED + """
 ), kept AS (
     UPDATE queues q
-    SET rate_stamps = w.stamps, rate_counts = w.counts, rate_pending = u.n + (SELECT count(*) FROM claimed),
+    SET rate_stamps = w.stamps, rate_counts = w.counts,
+        -- Without a rate limit nothing waits to be stamped: a limit set later counts no earlier claim.
+        rate_pending = CASE WHEN q.rate_limit IS NULL THEN 0 ELSE u.n + (SELECT count(*) FROM claimed) END,
         key_cursor = COALESCE((SELECT key FROM picked WHERE key IS NOT NULL ORDER BY round DESC, turn DESC LIMIT 1),
                               (SELECT key FROM keys ORDER BY turn DESC LIMIT 1), q.key_cursor)
     FROM rate_window w, unstarted u

@@ -9,6 +9,7 @@ import pytest
 from django.db import connection, transaction
 
 from dispatcher import sql
+from tasks import services
 from tasks.models import Queue, Task
 from tasks.services import task_enqueue_many
 from tests.helpers import database_url, db_now
@@ -215,3 +216,15 @@ def test_a_key_with_fewer_tasks_than_its_share_leaves_a_claim_short_and_says_cla
     assert sorted(keys_of(ids)) == ["a"] + ["b"] * 5 and answer[3] is True
     ids, answer = claim("short", 4)
     assert keys_of(ids) == ["b"] * 4
+
+
+def test_a_rate_limit_set_on_a_queue_claimed_by_key_counts_no_earlier_claims_as_starts():
+    enqueue("later", 10, concurrency_key="k")
+    settings("later", max_running_per_key=5)
+    assert len(claim("later", 10)[0]) == 5
+    start()
+    finish(5, key="k")
+    services.queue_update(name="later", data={"rate_limit": 2, "rate_period_seconds": 3600})
+    assert len(claim("later", 10)[0]) == 2, "nothing started in the last hour: the window has room for 2"
+    start()
+    assert claim("later", 10)[0] == []
