@@ -441,7 +441,9 @@ def _uuid(value: uuid.UUID | str) -> uuid.UUID:
 def queue_pause(*, name: str, until: Any = None) -> Queue:
     """Pause a queue: no dispatcher starts its tasks from its next claim on (within a second);
     running ones carry on, and new ones are still taken. With `until` (after now) the pause ends
-    by itself then. NOT_FOUND for a queue without tasks, workers or a row."""
+    by itself then: one not after now is a VALIDATION_ERROR. NOT_FOUND for a queue without tasks,
+    workers or a row."""
+    until = parse_pause(None if until is None else {"until": until}, now=timezone.now())
     return _queue_write(name, queues_sql.PAUSE_QUEUE, {"paused": True, "until": until})
 
 

@@ -6,6 +6,8 @@ from datetime import timedelta
 import pytest
 from django.utils import timezone
 
+from tasks import services
+from tasks.errors import ValidationError
 from tasks.models import Queue, Worker
 from tests.factories import TaskFactory
 from tests.helpers import assert_error, db_now
@@ -128,6 +130,14 @@ def test_a_bad_pause_is_refused_naming_the_field_and_nothing_is_written(client_a
     TaskFactory(queue="bp")
     assert_error(client_api.post(f"{URL}/bp/pause", body, format="json"), 400, "VALIDATION_ERROR", field)
     assert _row("bp")["paused"] is False
+
+
+def test_the_service_refuses_a_pause_that_would_end_in_the_past():
+    TaskFactory(queue="sp")
+    with pytest.raises(ValidationError, match="until: must be in the future"):
+        services.queue_pause(name="sp", until=timezone.now() - timedelta(seconds=1))
+    assert _row("sp")["paused"] is False
+    assert services.queue_pause(name="sp", until=timezone.now() + timedelta(minutes=1)).paused
 
 
 def test_pause_resume_and_patch_of_an_unknown_queue_are_404(client_api):
