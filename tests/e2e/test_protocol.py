@@ -176,6 +176,26 @@ def test_api_service(stack):
             assert answer.status == health_pb2.HealthCheckResponse.SERVING
 
 
+def test_create_task_takes_a_concurrency_key_in_its_metadata(stack):
+    _, addr = stack.dispatcher()
+    with grpc.insecure_channel(addr) as channel:
+        api = api_pb2_grpc.ApiServiceStub(channel)
+        created = api.CreateTask(api_pb2.CreateTaskRequest(
+            queue_name="keyed", task_name="t", metadata=json.dumps({"valka.concurrency_key": "c-7", "m": 1}))).task
+        assert json.loads(created.metadata) == {"valka.concurrency_key": "c-7", "m": 1}
+        row = Task.objects.get(id=created.id)
+        assert (row.concurrency_key, row.metadata) == ("c-7", {"m": 1}), "the key is a column, not metadata"
+        got = api.GetTask(api_pb2.GetTaskRequest(task_id=created.id)).task
+        assert json.loads(got.metadata)["valka.concurrency_key"] == "c-7"
+        for bad in ("k" * 201, "a\x00b", 42):
+            with pytest.raises(grpc.RpcError) as err:
+                api.CreateTask(api_pb2.CreateTaskRequest(
+                    queue_name="keyed", task_name="t", metadata=json.dumps({"valka.concurrency_key": bad})))
+            assert err.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "concurrency_key" in err.value.details()
+    assert Task.objects.count() == 1
+
+
 def test_server_reflection_lists_the_services(stack):
     from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
