@@ -1,6 +1,6 @@
 """Queue controls against real dispatchers and SDK workers: max_running held through a drain across
-two dispatchers, a rate limit counted from the runs, a pause mid-drain, keys taking turns, and
-limits changed while a drain runs."""
+two dispatchers, a rate limit counted from the runs, a pause mid-drain and one that ends by itself,
+keys taking turns, and limits changed (set, raised, lowered, removed) while a drain runs."""
 
 from __future__ import annotations
 
@@ -101,6 +101,7 @@ def test_a_rate_limit_holds_in_every_one_second_window_of_the_runs(stack):
     assert busiest <= 20, f"{busiest} starts in one second"
     assert busiest >= 15, "the limit, not the workers, set the pace"
     assert took >= 9, "200 tasks at 20 a second"
+    assert took < 14, "a task kept back starts as soon as the window allows"
 
 
 def test_a_pause_mid_drain_stops_new_starts_lets_running_tasks_finish_and_resume_drains_the_rest(stack):
@@ -127,6 +128,18 @@ def test_a_pause_mid_drain_stops_new_starts_lets_running_tasks_finish_and_resume
     first = TaskRun.objects.filter(task__queue="pausable", started_at__gt=resumed_at).order_by("started_at")[0]
     assert first.started_at - resumed_at < timedelta(seconds=1), "the resume woke the claimer at once"
     _completed("pausable", 61, timeout=60)
+
+
+def test_a_pause_with_an_end_resumes_by_itself(stack):
+    # No poll to fall back on, and no NOTIFY when the pause ends: the dispatcher's own timer.
+    _, addr = stack.dispatcher(VALKA_DISPATCH_POLL_INTERVAL="30")
+    _workers(stack, [addr], "napping", 1)
+    until = db_now() + timedelta(seconds=2)
+    services.queue_pause(name="napping", until=until)
+    services.task_enqueue_many([{"task_name": "echo", "queue": "napping"}] * 5)
+    _completed("napping", 5, timeout=30)
+    first = _runs("napping")[0][0]
+    assert until <= first < until + timedelta(seconds=1), f"first start {first - until} after the pause's end"
 
 
 def test_a_key_with_a_flood_does_not_hold_back_the_first_task_of_any_other_key(stack):
@@ -174,3 +187,29 @@ def test_limits_changed_while_draining_take_effect_within_a_second(stack):
     with connection.cursor() as cur:
         cur.execute("SELECT count(*) FROM tasks WHERE queue = 'tuned' AND status = 'PENDING'")
         assert cur.fetchone()[0] > 0, "the drain was still going when it was measured"
+
+
+def test_limits_set_on_an_unlimited_queue_while_draining_and_removed_take_effect_within_a_second(stack):
+    _, addr = stack.dispatcher(VALKA_DISPATCH_POLL_INTERVAL="30")
+    _workers(stack, [addr], "switched", 2)  # 16 slots
+    sampler = Sampler("switched")
+    services.task_enqueue_many([{"task_name": "sleep", "queue": "switched", "input": {"seconds": 0.2}}] * 600)
+    wait_for(lambda: TaskRun.objects.filter(task__queue="switched").count() >= 20, what="the drain under way")
+    capped = time.monotonic()
+    services.queue_update(name="switched", data={"max_running": 3})
+    time.sleep(2.5)
+    rated, rated_db = time.monotonic(), db_now()
+    services.queue_update(name="switched", data={"max_running": None, "rate_limit": 5})
+    time.sleep(3)
+    freed, freed_db = time.monotonic(), db_now()
+    services.queue_update(name="switched", data={"rate_limit": None})
+    time.sleep(2)
+    sampler.stop()
+    assert sampler.most(until=capped) > 3, "unlimited at first"
+    assert sampler.most(since=capped + 1, until=rated) <= 3, "max_running held within a second of being set"
+    starts = [s for s, _, _ in _runs("switched") if rated_db + timedelta(seconds=1) <= s < freed_db]
+    busiest = max((sum(1 for s in starts[i:] if s - start < timedelta(seconds=1)) for i, start in enumerate(starts)),
+                  default=0)
+    assert 0 < busiest <= 5, f"{busiest} starts in one second under rate_limit 5"
+    assert sampler.most(since=freed + 1) > 5, "no limit again within a second of its removal"
+    assert Task.objects.filter(queue="switched", status="PENDING").exists(), "still draining when measured"
