@@ -192,12 +192,13 @@ def test_bulk_replay(admin_client):
 def test_create_task_form_goes_through_the_service_layer(admin_client):
     assert admin_client.get("/admin/tasks/task/add/").status_code == 200
     form = {"task_name": "mail.send", "queue": "emails", "input": '{"to": "a@example.com"}',
-            "metadata": '{"source": "console"}', "priority": "2", "idempotency_key": "welcome-1"}
+            "metadata": '{"source": "console"}', "priority": "2", "idempotency_key": "welcome-1",
+            "concurrency_key": "customer-9"}
     r = admin_client.post("/admin/tasks/task/add/", form)
     task = Task.objects.get(idempotency_key="welcome-1")
     assert r.status_code == 302 and r["Location"] == page(task.id)
-    assert (task.queue, task.input, task.metadata, task.priority, task.status) == (
-        "emails", {"to": "a@example.com"}, {"source": "console"}, 2, "PENDING")
+    assert (task.queue, task.input, task.metadata, task.priority, task.status, task.concurrency_key) == (
+        "emails", {"to": "a@example.com"}, {"source": "console"}, 2, "PENDING", "customer-9")
     # the same idempotency key does not create a second task
     r = admin_client.post("/admin/tasks/task/add/", {**form, "input": '{"to": "b@example.com"}'}, follow=True)
     assert Task.objects.count() == 1 and "exists already" in r.content.decode()
