@@ -63,21 +63,25 @@ def _completed_counter(queue: str) -> int:
     return counter_totals().get((queue, "completed"), 0)
 
 
+def drain_round(conn: psycopg.Connection, *, n: int, queue: str = DRAIN_QUEUE, desc: str = "drain",
+                timeout: float | None = None, task_name: str = "noop", keys: int = 0) -> float:
+    """One round: n / (last finished_at − commit time). `conn` is a psycopg connection to the
+    database Django's default connection reaches, where the tasks are enqueued and counted."""
+    since = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
+    before = _completed_counter(queue)
+    t0 = enqueue_committed(n, queue, task_name, keys=keys)
+    wait_until_done(lambda: _completed_counter(queue) - before, n, desc, timeout or max(120.0, n / 50))
+    done, last = _completed_since(conn, queue, since)
+    assert last is not None and done == n
+    return n / max(last.timestamp() - t0, 1e-6)
+
+
 def drain(database_url: str, *, n: int, rounds: int, queue: str = DRAIN_QUEUE, label: str = "drain",
           timeout: float | None = None, task_name: str = "noop", keys: int = 0) -> dict[str, Any]:
     """Median over `rounds` of n / (last finished_at − commit time)."""
-    rates = []
-    timeout = timeout or max(120.0, n / 50)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        for r in range(rounds):
-            since = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
-            before = _completed_counter(queue)
-            t0 = enqueue_committed(n, queue, task_name, keys=keys)
-            wait_until_done(lambda b=before: _completed_counter(queue) - b, n,
-                            f"{label} {r + 1}/{rounds}", timeout)
-            done, last = _completed_since(conn, queue, since)
-            assert last is not None and done == n
-            rates.append(n / max(last.timestamp() - t0, 1e-6))
+        rates = [drain_round(conn, n=n, queue=queue, desc=f"{label} {r + 1}/{rounds}", timeout=timeout,
+                             task_name=task_name, keys=keys) for r in range(rounds)]
     return rounds_summary(rates, n=n)
 
 
@@ -124,10 +128,13 @@ def hops(hop_log: Path, moments: dict[str, dict[str, float]]) -> dict[str, Any]:
     return out
 
 
-def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = LATENCY_QUEUE,
-            label: str = "latency", hop_log: Path | None = None) -> dict[str, Any]:
-    """Enqueue `count` stamp tasks at `rate`/s with idle workers; p50/p99 of start − enqueue, and,
-    given the dispatcher's hop log, where the time went."""
+Moments = dict[Any, tuple[float, float, float]]  # task id → (enqueue called, it returned, handler started)
+
+
+def stamps(database_url: str, *, count: int, rate: float, queue: str = LATENCY_QUEUE,
+           label: str = "latency") -> Moments:
+    """Enqueue `count` stamp tasks at `rate`/s through Django's default connection, which must
+    reach `database_url`, and wait until they are done: each one's moments."""
     from tasks.services import task_enqueue
 
     sent: dict[Any, tuple[float, float]] = {}
@@ -148,12 +155,23 @@ def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = L
         wait_until_done(done, len(ids), f"{label} (finishing)", 60)
         rows = conn.execute("SELECT id, (output->>'started')::float8 FROM tasks WHERE id = ANY(%s)",
                             (ids,)).fetchall()
-    from_return = [(started - sent[task_id][1]) * 1000 for task_id, started in rows]
-    from_call = [(started - sent[task_id][0]) * 1000 for task_id, started in rows]
-    out = {**latency_summary(from_return), "from_call": latency_summary(from_call), "rate": rate}
+    return {task_id: (*sent[task_id], started) for task_id, started in rows}
+
+
+def latency_figures(moments: Moments, rate: float) -> dict[str, Any]:
+    """p50/p99 of start − return (and of start − call, under "from_call"), in ms."""
+    from_return = [(started - returned) * 1000 for _, returned, started in moments.values()]
+    from_call = [(started - call) * 1000 for call, _, started in moments.values()]
+    return {**latency_summary(from_return), "from_call": latency_summary(from_call), "rate": rate}
+
+
+def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = LATENCY_QUEUE,
+            label: str = "latency", hop_log: Path | None = None) -> dict[str, Any]:
+    """Enqueue `count` stamp tasks at `rate`/s with idle workers; p50/p99 of start − enqueue, and,
+    given the dispatcher's hop log, where the time went."""
+    moments = stamps(database_url, count=count, rate=rate, queue=queue, label=label)
+    out = latency_figures(moments, rate)
     if hop_log is not None:
-        out["hops"] = hops(hop_log, {str(task_id): {"call": sent[task_id][0], "returned": sent[task_id][1],
-                                                    "started": started} for task_id, started in rows})
+        out["hops"] = hops(hop_log, {str(task_id): {"call": call, "returned": returned, "started": started}
+                                     for task_id, (call, returned, started) in moments.items()})
     return out
-
-
