@@ -201,8 +201,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             results["valka"] = run_valka(opts, stack)
         except BaseException:
-            for proc in stack.procs:
-                print(f"--- {proc.name}\n{stack.log_tail(proc)}", file=sys.stderr)  # type: ignore[attr-defined]
+            stack.print_logs()
             raise
         finally:
             stack.stop_all()

@@ -1,5 +1,7 @@
 """The processes a benchmark runs against: its own durable PostgreSQL, the dispatcher, the web
-app and SDK workers, all on loopback. Everything started here is stopped by `stop_all()`."""
+app and SDK workers, all on loopback. Everything started here is stopped by `stop_all()`.
+Further databases on the same server come and go with `create_database` and `drop_database`,
+and `django_database` points the benchmark's own Django connection at one of them."""
 
 from __future__ import annotations
 
@@ -11,8 +13,10 @@ import sys
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 
 from valka import devdb
 from valka.devdb import listening, wait_for
@@ -51,6 +55,44 @@ def create_database(admin_url: str, name: str) -> str:
     return admin_url.rsplit("/", 1)[0] + f"/{name}"
 
 
+def drop_database(admin_url: str, name: str) -> None:
+    """Drop database `name` on the server of `admin_url` if it is there, ending its sessions."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+@contextlib.contextmanager
+def django_database(database_url: str) -> Iterator[None]:
+    """Point this thread's Django default connection at `database_url` for the block, then back.
+
+    What goes through that connection (tasks.services' enqueue, tasks.dashboard's counters)
+    reaches `database_url` meanwhile. The connection is closed at each switch, and its pool
+    with it (Django keys pools by alias, not by database); the new one is opened before the
+    block runs, so a timed call in it does not pay for the connection."""
+    from django.db import connection
+
+    if connection.in_atomic_block:
+        raise RuntimeError("django_database() inside a transaction would leave it behind")
+    given = conninfo_to_dict(database_url)
+    original = connection.settings_dict
+    switched = {**original, "NAME": given["dbname"]}
+    for key, setting in (("host", "HOST"), ("port", "PORT"), ("user", "USER"), ("password", "PASSWORD")):
+        if key in given:
+            switched[setting] = given[key]
+
+    def switch(settings: dict[str, Any]) -> None:
+        connection.close()
+        connection.close_pool()
+        connection.settings_dict = settings
+
+    switch(switched)
+    try:
+        connection.ensure_connection()
+        yield
+    finally:
+        switch(original)
+
+
 class BenchStack:
     """Starts the stack's processes against `database_url`; logs go to `workdir`."""
 
@@ -70,6 +112,13 @@ class BenchStack:
         proc.name = name  # type: ignore[attr-defined]
         self.procs.append(proc)
         return proc
+
+    def migrate(self) -> None:
+        """The project's migrations on this stack's database, as a deployment runs them."""
+        done = subprocess.run([sys.executable, "manage.py", "migrate", "--verbosity", "0"], cwd=ROOT, env=self.env,
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"migrate on {self.database_url} failed:\n{done.stdout}{done.stderr}")
 
     def _await_port(self, proc: subprocess.Popen, port: int, what: str) -> None:
         wait_for(lambda: listening(port) or proc.poll() is not None, 60, what)
@@ -149,6 +198,11 @@ class BenchStack:
     def stop_all(self) -> None:
         for proc in reversed(list(self.procs)):
             self.stop(proc, timeout=5.0)
+
+    def print_logs(self) -> None:
+        """The end of each running process's log, on stderr: what a failed run shows."""
+        for proc in self.procs:
+            print(f"--- {proc.name}\n{self.log_tail(proc)}", file=sys.stderr)  # type: ignore[attr-defined]
 
     def log_tail(self, proc: subprocess.Popen, size: int = 3000) -> str:
         path = self.workdir / f"{proc.name}.log"  # type: ignore[attr-defined]
