@@ -41,6 +41,8 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--web-processes", type=int, default=int(env("BENCH_WEB_PROCESSES", 2)))
     p.add_argument("--finished", type=int, default=int(env("BENCH_SCALE_FINISHED", 1_000_000)))
     p.add_argument("--future", type=int, default=int(env("BENCH_SCALE_FUTURE", 100_000)))
+    p.add_argument("--scale-rounds", type=int, default=int(env("BENCH_SCALE_ROUNDS", 5)),
+                   help="drain rounds on each side of the big-table comparison, the sides taking turns")
     p.add_argument("--idle-workers", type=int, default=int(env("BENCH_IDLE_WORKERS", 1000)))
     p.add_argument("--django-concurrency", type=int, default=int(env("BENCH_DJANGO_CONCURRENCY", 64)),
                    help="tasks in flight in the valka_worker of the Django drain")
@@ -72,12 +74,13 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
 
     skip = set(filter(None, opts.skip.split(",")))
     out: dict[str, Any] = {"config": {"workers": opts.workers, "concurrency": opts.concurrency, "n": opts.n,
-                                      "rounds": opts.rounds, "web_processes": opts.web_processes}}
+                                      "rounds": opts.rounds, "scale_rounds": opts.scale_rounds,
+                                      "web_processes": opts.web_processes}}
     url = stack.database_url
     hop_log = stack.workdir / "hops.jsonl"  # the dispatcher's per-task timestamps (dispatcher/hops.py)
     dispatcher, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
-    workers = stack.workers(addr, count=opts.workers, concurrency=opts.concurrency,
-                            queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE])
+    queues = [drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE]
+    workers = stack.workers(addr, count=opts.workers, concurrency=opts.concurrency, queues=queues)
     out["memory"] = {"dispatcher_idle_start_mib": memory.rss({"d": dispatcher})["d"],
                      "worker_idle_start_mib": memory.rss({"w": workers[0]})["w"]}
     web = None
@@ -115,16 +118,15 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
     if "latency" not in skip:
         out["latency"] = drain.latency(url, count=opts.latency_count, rate=opts.latency_rate, hop_log=hop_log)
     out["memory"]["dispatcher_mib"] = memory.rss({"d": dispatcher})["d"]
-    # The big table right after the drain and latency it is compared with: the machine's speed
-    # drifts over minutes, and the floors and the idle workers would stand between them.
+    # The big table in a database of its own, its rounds taking turns with the same workloads
+    # on this one (bench/scale.py): the machine's speed drifts over minutes.
     if "scale" not in skip:
         print("seeding the big table ...", file=sys.stderr, flush=True)
-        seeded = scale.seed(url, finished=opts.finished, future=opts.future,
-                            queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE])
-        out["scale"] = {"seed": seeded,
-                        "drain": drain.drain(url, n=opts.n, rounds=opts.rounds, label="drain, big table"),
-                        "latency": drain.latency(url, count=opts.latency_count, rate=opts.latency_rate,
-                                                 label="latency, big table")}
+        with scale.big_database(url, stack.workdir / "big", finished=opts.finished, future=opts.future,
+                                workers=opts.workers, concurrency=opts.concurrency, queues=queues) as (big, seeded):
+            out["scale"] = {"seed": seeded, **scale.alternate(url, big, n=opts.n, rounds=opts.scale_rounds,
+                                                              latency_count=opts.latency_count,
+                                                              latency_rate=opts.latency_rate)}
     if "schedules" not in skip:
         out["schedules"] = {"fire": schedules.fire(stack, count=opts.schedules, drain_n=opts.n),
                             "idle": schedules.idle(stack, count=opts.schedules, seconds=opts.schedule_idle_seconds)}

@@ -1,12 +1,38 @@
-"""The big table: a million finished tasks and a hundred thousand scheduled for later, in the
-very queues the drain and latency workloads use, written with generate_series."""
+"""The big table, and the drain and latency on it beside an almost empty one.
+
+The big table: a million finished tasks and a hundred thousand scheduled for later, in the
+very queues the drain and latency workloads use, written with generate_series (`seed`).
+
+The machine's speed drifts by up to 2× from one minute to the next, so a block of rounds on
+the empty table and then a block on the big one cannot tell the table's cost from the drift.
+So the big table has a database of its own on the same server, served by a dispatcher and
+workers of its own (`big_database`), the main database being the empty side, and the two
+sides take turns (`alternate`): a drain round on each, round after round, then the latency in
+chunks, each side's chunk after the other's. Each side's figures come with their spread, and
+big ÷ empty says what the table costs.
+"""
 
 from __future__ import annotations
 
+import contextlib
 import time
+from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
+
+from bench import drain
+from bench.measure import rounds_summary
+from bench.stack import BenchStack, create_database, django_database, drop_database
+
+SIDES = ("empty", "big")  # the order within each turn
+CHUNKS = 4  # latency chunks per side
+# Not counted, on each side before the turns: the big side's processes are new, where the empty
+# side's have run the workloads before.
+WARM_UP_DRAIN = 1000
+WARM_UP_LATENCY = 5
 
 # Finished tasks in the past (spread over a week) and PENDING ones due tomorrow or later.
 # session_replication_role = replica skips the tasks triggers (events and counters) for this
@@ -47,3 +73,84 @@ def seed(database_url: str, *, finished: int, future: int, queues: list[str]) ->
         size = conn.execute("SELECT pg_size_pretty(pg_total_relation_size('tasks'))").fetchone()
     return {"finished": finished, "future": future, "rows": rows[0] if rows else 0,
             "table_size": size[0] if size else "", "seconds": time.perf_counter() - start}
+
+
+@contextlib.contextmanager
+def big_database(url: str, workdir: Path, *, finished: int, future: int, workers: int, concurrency: int,
+                 queues: list[str]) -> Iterator[tuple[str, dict[str, Any]]]:
+    """A second database on `url`'s server, migrated and seeded (`seed`), with a dispatcher and
+    `workers` worker processes of its own serving `queues`; yields its URL and the seed's figures.
+    Afterwards its processes are stopped and the database dropped."""
+    name = conninfo_to_dict(url)["dbname"] + "_big"
+    drop_database(url, name)  # what a killed run left
+    big_url = create_database(url, name)
+    workdir.mkdir(parents=True, exist_ok=True)
+    stack = BenchStack(big_url, workdir)
+    try:
+        stack.migrate()
+        seeded = seed(big_url, finished=finished, future=future, queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE])
+        # A hop log, as the main dispatcher has: it costs a line per task sent.
+        _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(workdir / "hops.jsonl"))
+        stack.workers(addr, count=workers, concurrency=concurrency, queues=queues, prefix="big")
+        yield big_url, seeded
+    except BaseException:
+        stack.print_logs()
+        raise
+    finally:
+        stack.stop_all()
+        drop_database(url, name)
+
+
+def alternate(empty_url: str, big_url: str, *, n: int, rounds: int, latency_count: int, latency_rate: float,
+              chunks: int = CHUNKS) -> dict[str, Any]:
+    """Drain and latency on both sides in turns, the empty side first in each: `rounds` drain
+    rounds of n tasks each, then `latency_count` latency samples each in `chunks` chunks.
+
+    The side resting meanwhile keeps its processes, idle. Each turn points Django's default
+    connection (the enqueue, the counters) at its side's database."""
+    urls = dict(zip(SIDES, (empty_url, big_url), strict=True))
+    rates: dict[str, list[float]] = {side: [] for side in SIDES}
+    with contextlib.ExitStack() as open_conns:
+        conns = {side: open_conns.enter_context(psycopg.connect(url, autocommit=True)) for side, url in urls.items()}
+        for side in SIDES:
+            with django_database(urls[side]):
+                drain.drain_round(conns[side], n=min(n, WARM_UP_DRAIN), desc=f"warm-up, {side} table")
+                drain.stamps(urls[side], count=min(latency_count, WARM_UP_LATENCY), rate=latency_rate,
+                             label=f"warm-up, {side} table")
+        for r in range(rounds):
+            for side in SIDES:
+                with django_database(urls[side]):
+                    rates[side].append(drain.drain_round(conns[side], n=n,
+                                                         desc=f"drain, {side} table {r + 1}/{rounds}"))
+    each, extra = divmod(latency_count, chunks)
+    sizes = [size for size in (each + (i < extra) for i in range(chunks)) if size]
+    samples: dict[str, list[drain.Moments]] = {side: [] for side in SIDES}
+    for c, size in enumerate(sizes):
+        for side in SIDES:
+            with django_database(urls[side]):
+                samples[side].append(drain.stamps(urls[side], count=size, rate=latency_rate,
+                                                  label=f"latency, {side} table {c + 1}/{len(sizes)}"))
+    return {"drain": _drain_figures(rates, n), "latency": _latency_figures(samples, latency_rate)}
+
+
+def _drain_figures(rates: dict[str, list[float]], n: int) -> dict[str, Any]:
+    """Each side's median and spread of its rounds' rates; big ÷ empty of the medians."""
+    out: dict[str, Any] = {side: {**rounds_summary(values, n=n), "min_per_s": min(values),
+                                  "max_per_s": max(values)} for side, values in rates.items()}
+    out["ratio"] = out["big"]["rate_per_s"] / out["empty"]["rate_per_s"]
+    return out
+
+
+def _latency_figures(samples: dict[str, list[drain.Moments]], rate: float) -> dict[str, Any]:
+    """Each side's percentiles over all its samples, and the spread of its chunks' p99; big ÷
+    empty of the p50 and of the p99."""
+    out: dict[str, Any] = {}
+    for side, chunks in samples.items():
+        chunk_p99 = [drain.latency_figures(chunk, rate)["p99_ms"] for chunk in chunks]
+        out[side] = {**drain.latency_figures({k: v for chunk in chunks for k, v in chunk.items()}, rate),
+                     "chunk_p99_ms": chunk_p99, "chunk_p99_min_ms": min(chunk_p99, default=None),
+                     "chunk_p99_max_ms": max(chunk_p99, default=None)}
+    for p in ("p50", "p99"):
+        out[f"ratio_{p}"] = out["big"][f"{p}_ms"] / out["empty"][f"{p}_ms"]
+    out["chunks"] = len(samples["empty"])
+    return out

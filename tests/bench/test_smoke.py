@@ -136,3 +136,47 @@ def test_what_tracing_costs_on_the_hot_paths(quiet):
     assert set(tracing.checks(number=100)) == {"tracer", "carrier", "headers"}
     assert isinstance(trace.get_tracer_provider(), trace.ProxyTracerProvider), "no provider left behind"
     tracing.cleanup(database_url())
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(90)
+def test_the_big_table_takes_turns_with_the_empty_one(tmp_path, quiet):
+    import psycopg
+
+    from bench import scale
+
+    queues = [drain.DRAIN_QUEUE, drain.LATENCY_QUEUE]
+    stack = BenchStack(database_url(), tmp_path)
+    try:
+        _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(tmp_path / "hops.jsonl"))
+        stack.workers(addr, count=1, concurrency=8, queues=queues)
+        with scale.big_database(database_url(), tmp_path / "big", finished=300, future=30, workers=1,
+                                concurrency=8, queues=queues) as (big_url, seeded):
+            assert seeded["rows"] == 330
+            result = scale.alternate(database_url(), big_url, n=20, rounds=1, latency_count=8, latency_rate=50)
+            # Each side's tasks went to its own database, through Django and through psycopg alike.
+            with psycopg.connect(big_url, autocommit=True) as conn:
+                big_drained = conn.execute("SELECT count(*) FROM tasks WHERE queue = %s AND status = 'COMPLETED'",
+                                           (drain.DRAIN_QUEUE,)).fetchone()[0]
+        warmed_up = min(20, scale.WARM_UP_DRAIN)
+        assert Task.objects.filter(queue=drain.DRAIN_QUEUE, status="COMPLETED").count() == warmed_up + 20
+        assert Task.objects.filter(queue=drain.LATENCY_QUEUE).count() == scale.WARM_UP_LATENCY + 8
+        assert big_drained == 150 + warmed_up + 20  # the seed's finished half in that queue, then as here
+    finally:
+        stack.stop_all()
+    with psycopg.connect(database_url(), autocommit=True) as conn:
+        assert not conn.execute("SELECT 1 FROM pg_database WHERE datname = %s",
+                                (psycopg.conninfo.conninfo_to_dict(big_url)["dbname"],)).fetchone()
+    for side in scale.SIDES:
+        figures = result["drain"][side]
+        assert len(figures["rounds"]) == 1 and figures["n"] == 20
+        assert 0 < figures["min_per_s"] <= figures["rate_per_s"] <= figures["max_per_s"]
+        waited = result["latency"][side]
+        assert waited["samples"] == 8 and len(waited["chunk_p99_ms"]) == 4
+        assert waited["chunk_p99_min_ms"] <= waited["p99_ms"] <= waited["chunk_p99_max_ms"]
+    assert result["drain"]["ratio"] == result["drain"]["big"]["rate_per_s"] / result["drain"]["empty"]["rate_per_s"]
+    assert result["latency"]["ratio_p99"] > 0 and result["latency"]["chunks"] == 4
+    text = report.table({"valka": {"scale": result}})
+    assert "| drain, big table | tasks/s | within 10% |" in text
+    assert "|   big ÷ empty (medians) | ratio | ≥ 0.90 |" in text
+    assert "| latency p99, big table | ms | within 10% |" in text
