@@ -27,7 +27,13 @@ from bench import drain
 from bench.measure import rounds_summary
 from bench.stack import BenchStack, create_database, django_database, drop_database
 
-SIDES = ("empty", "big")  # the order within each turn
+SIDES = ("empty", "big")
+
+
+def turns(count: int) -> list[str]:
+    """`count` turns of each side, in ABBA order (empty, big, big, empty, ...): a drift that
+    goes one way through the block weighs on both sides alike."""
+    return [side for i in range(count) for side in (SIDES if i % 2 == 0 else SIDES[::-1])]
 CHUNKS = 4  # latency chunks per side
 # Not counted, on each side before the turns: the big side's processes are new, where the empty
 # side's have run the workloads before.
@@ -103,8 +109,8 @@ def big_database(url: str, workdir: Path, *, finished: int, future: int, workers
 
 def alternate(empty_url: str, big_url: str, *, n: int, rounds: int, latency_count: int, latency_rate: float,
               chunks: int = CHUNKS) -> dict[str, Any]:
-    """Drain and latency on both sides in turns, the empty side first in each: `rounds` drain
-    rounds of n tasks each, then `latency_count` latency samples each in `chunks` chunks.
+    """Drain and latency on both sides in turns (`turns`): `rounds` drain rounds of n tasks
+    each, then `latency_count` latency samples each in `chunks` chunks.
 
     The side resting meanwhile keeps its processes, idle. Each turn points Django's default
     connection (the enqueue, the counters) at its side's database."""
@@ -117,19 +123,18 @@ def alternate(empty_url: str, big_url: str, *, n: int, rounds: int, latency_coun
                 drain.drain_round(conns[side], n=min(n, WARM_UP_DRAIN), desc=f"warm-up, {side} table")
                 drain.stamps(urls[side], count=min(latency_count, WARM_UP_LATENCY), rate=latency_rate,
                              label=f"warm-up, {side} table")
-        for r in range(rounds):
-            for side in SIDES:
-                with django_database(urls[side]):
-                    rates[side].append(drain.drain_round(conns[side], n=n,
-                                                         desc=f"drain, {side} table {r + 1}/{rounds}"))
+        for side in turns(rounds):
+            with django_database(urls[side]):
+                rates[side].append(drain.drain_round(
+                    conns[side], n=n, desc=f"drain, {side} table {len(rates[side]) + 1}/{rounds}"))
     each, extra = divmod(latency_count, chunks)
     sizes = [size for size in (each + (i < extra) for i in range(chunks)) if size]
     samples: dict[str, list[drain.Moments]] = {side: [] for side in SIDES}
-    for c, size in enumerate(sizes):
-        for side in SIDES:
-            with django_database(urls[side]):
-                samples[side].append(drain.stamps(urls[side], count=size, rate=latency_rate,
-                                                  label=f"latency, {side} table {c + 1}/{len(sizes)}"))
+    for side in turns(len(sizes)):
+        size = sizes[len(samples[side])]
+        with django_database(urls[side]):
+            samples[side].append(drain.stamps(urls[side], count=size, rate=latency_rate,
+                                              label=f"latency, {side} table {len(samples[side]) + 1}/{len(sizes)}"))
     return {"drain": _drain_figures(rates, n), "latency": _latency_figures(samples, latency_rate)}
 
 
