@@ -32,8 +32,12 @@ MOVE_PICKED = guarded_update(TaskStatus.DISPATCHING, sources=[TaskStatus.PENDING
 # and the claim pool has a session of its own (VALKA_DIRECT_DATABASE_URL behind a pooler; see
 # valka/poolers.py): through a transaction pooler they would reach other clients' plans, nothing more.
 # Durability is not set here: CLAIM sets it for its own transaction.
+# No JIT: a plan that must scan a table anyway (the queues' controls: no index serves their
+# filter) is costed at 10^10 with sequential scans off, past every JIT threshold, and compiling
+# it took 50 ms on each read, in the claim loop's way. Nothing these sessions run is long
+# enough for JIT to pay.
 CLAIM_SESSION = ("SET enable_seqscan = off; SET enable_hashjoin = off; "
-                 "SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan")
+                 "SET enable_mergejoin = off; SET plan_cache_mode = force_generic_plan; SET jit = off")
 
 # -- The dispatcher's other connections: starts, results, heartbeats, logs, sessions. --
 # Every statement they run reads tasks and task_runs by key, a batch at a time. Behind
@@ -46,7 +50,8 @@ CLAIM_SESSION = ("SET enable_seqscan = off; SET enable_hashjoin = off; "
 # on whichever server connection ran it and steers the plans of whoever gets that connection next,
 # and the writer's own statements may run without it (planned as PostgreSQL would anyway). It
 # changes plans only, never results or durability.
-WRITER_SESSION = "SET enable_seqscan = off"
+# No JIT, for the reason CLAIM_SESSION gives.
+WRITER_SESSION = "SET enable_seqscan = off; SET jit = off"
 
 # -- A queue's PENDING priorities, one index probe each, lowest first; the last row is NULL. A
 # recursive CTE, `priorities(priority)`, for a `WITH RECURSIVE` statement over %(queue)s. --

@@ -177,3 +177,19 @@ def test_a_fair_claim_reads_a_few_tasks_per_key_not_the_big_key_s_backlog(one_bi
     claimed = Task.objects.filter(queue="keys", status="DISPATCHING")
     assert set(claimed.exclude(concurrency_key="big").values_list("id", flat=True)) == {t.id for t in one_big_key}
     assert claimed.filter(concurrency_key="big").count() == 2
+
+
+@pytest.mark.parametrize("session", [sql.CLAIM_SESSION, sql.WRITER_SESSION], ids=["claim", "writer"])
+def test_a_statement_that_must_scan_is_not_compiled_on_the_dispatchers_sessions(session):
+    """With sequential scans off, a scan the planner cannot avoid is costed at 10^10, past every
+    JIT threshold: compiled, the queues' controls took 50 ms to read instead of a tenth of one."""
+    Queue.objects.create(name="scanned", max_running=2)
+    with connection.cursor() as cur:
+        cur.execute(session)
+        try:
+            cur.execute("EXPLAIN (ANALYZE, FORMAT JSON) " + sql.QUEUE_CONTROLS)
+            [explained] = cur.fetchone()[0]
+        finally:
+            cur.execute("RESET ALL")
+    assert explained["Plan"]["Total Cost"] > 1e9, "a scan with sequential scans off, as on these sessions"
+    assert "JIT" not in explained
