@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import json
 import logging
 import time
 from collections import Counter
@@ -43,6 +44,7 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher import protocol, sql
 from dispatcher.controls import LIMITED, OPEN, PAUSED, QueueControls
 from dispatcher.hops import HopLog
+from dispatcher.offers import OFFER_MAX, Offers
 from dispatcher.session import InFlight, SessionRegistry, WorkerSession
 from valka.ids import uuid7_text_many
 from valka_sdk import tracing
@@ -132,8 +134,10 @@ class Claimer:
 
     def __init__(self, *, pool: AsyncConnectionPool, sessions: SessionRegistry, settings: ClaimerSettings,
                  unsend: Callable[[list[str]], None], room: asyncio.Event | None = None,
-                 controls: QueueControls | None = None, hops: HopLog | None = None) -> None:
+                 controls: QueueControls | None = None, hops: HopLog | None = None,
+                 offers: Offers | None = None) -> None:
         self.pool = pool
+        self.offers = offers  # idle slots offered to producers (dispatcher.offers); None: none
         self.hops = hops  # per-task timestamps for the benchmark, when asked for (dispatcher.hops)
         self.sessions = sessions
         self.settings = settings
@@ -158,6 +162,7 @@ class Claimer:
         self._limited_at = 0.0
         self._waiters: set[asyncio.Task] = set()
         self._held_by_running: set[str] = set()  # queues whose last claim max_running(_per_key) held back
+        self.stopped = False  # set once claims stop: a task handed over now is put back
 
     def wake(self, queue: str | None = None) -> None:
         if queue is None:
@@ -185,6 +190,67 @@ class Claimer:
             self.hops.notified(task_id)
         self._urgent = True
         self._wake.set()
+
+    def handed(self, payload: str) -> None:
+        """NOTIFY on this node's handoff channel: a producer handed it a task in its INSERT
+        (DISPATCHING, claimed by this node; tasks/sql/producer.py INSERT_TASK), as the JSON array a
+        claim answers, or `[id, queue]` when that did not fit (read from the row then). It is sent
+        at once, as a claimed task, unless this node cannot take it now (stopping, no free slot,
+        the queue's controls changed or unknown): then it is put back, PENDING, and claimed as
+        any other."""
+        began = time.time_ns()
+        row = json.loads(payload)
+        task_id, queue = row[0], row[2] if len(row) > 2 else row[1]
+        if self.offers is not None:
+            self.offers.took(queue)
+        if self.hops is not None:
+            self.hops.notified(task_id)
+        sessions = [s for s in self.sessions.for_queue(queue) if s.free_slots() > 0]
+        if (self.stopped or not sessions or self.controls.forgotten()
+                or self.controls.mode(queue) != OPEN):
+            self.unsend([task_id])
+        elif len(row) == 2:
+            waiter = asyncio.get_running_loop().create_task(self._fetch_handed(task_id, queue, began))
+            self._waiters.add(waiter)
+            waiter.add_done_callback(self._waiters.discard)
+        else:
+            self._send_handed(queue, [tuple(row)], sessions, began)
+
+    async def _fetch_handed(self, task_id: str, queue: str, began: int) -> None:
+        try:
+            async with self.pool.connection() as conn:
+                cur = await conn.execute(sql.HANDED_TASK, {"task_id": task_id, "node_id": self.settings.node_id})
+                rows = await cur.fetchall()
+        except Exception as exc:  # the sweep puts it back (sql.HANDED_UNHEARD)
+            log.warning("dispatcher: could not read the task %s handed over (%s)", task_id, exc)
+            return
+        sessions = [s for s in self.sessions.for_queue(queue) if s.free_slots() > 0]
+        if rows and (self.stopped or not sessions):
+            self.unsend([task_id])
+        elif rows:  # none: cancelled meanwhile
+            self._send_handed(queue, rows, sessions, began)
+
+    def _send_handed(self, queue: str, rows: list[tuple], sessions: list[WorkerSession], began: int) -> None:
+        tracer = tracing.tracer()
+        if tracer is None:
+            self._distribute(queue, rows, sessions, began)
+        else:
+            with claim_span(tracer, queue, rows, began):
+                self._distribute(queue, rows, sessions, began)
+
+    def _offerable(self) -> dict[str, int]:
+        """The slots to offer producers, by queue (dispatcher.offers): a queue without controls whose
+        last full claim came back short (nothing else of it was due) gets its free slots, up to
+        OFFER_MAX; any other none, so that a backlog is claimed in order and limits by the claim."""
+        if self.controls.forgotten():
+            return {}
+        wanted = {}
+        for queue in self.sessions.served_queues():
+            if queue in self._drained and self.controls.mode(queue) == OPEN:
+                free = sum(s.free_slots() for s in self.sessions.for_queue(queue))
+                if free > 0:
+                    wanted[queue] = min(free, OFFER_MAX)
+        return wanted
 
     def queue_changed(self, queue: str) -> None:
         """A queue's controls changed (NOTIFY valka_queue_changed): read them again, and claim."""
@@ -241,6 +307,12 @@ class Claimer:
             self.wake(queue)
 
     async def run(self, stop: asyncio.Event) -> None:
+        try:
+            await self._run(stop)
+        finally:
+            self.stopped = True
+
+    async def _run(self, stop: asyncio.Event) -> None:
         poll = self.settings.poll_interval
         backoff = 0.1
         loop = asyncio.get_running_loop()
@@ -274,6 +346,8 @@ class Claimer:
                 if self.controls.stale():  # old only: read after the claims, off a new task's way to
                     await self._read_controls()  # its worker (the claims check the rows themselves)
                 await self._write_limited()
+                if self.offers is not None and not stop.is_set():
+                    await self.offers.update(self._offerable())
                 backoff = 0.1
             except Exception:
                 log.exception("dispatcher: claiming failed; retrying in %.1fs", backoff)

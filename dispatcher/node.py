@@ -24,6 +24,7 @@ alone and may go through one.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import socket
 import time
@@ -36,16 +37,19 @@ from dispatcher.controls import QueueControls
 from dispatcher.handler import HandlerSettings, SessionHandler
 from dispatcher.hops import HopLog
 from dispatcher.keepalive import Keepalive
+from dispatcher.offers import Offers
 from dispatcher.relay import Relay
 from dispatcher.session import SessionRegistry
 from dispatcher.sweep import Sweep
 from dispatcher.writer import Writer, WriterSettings
 from tasks.live import Fanout
-from tasks.notify import QUEUE_CHANGED, QUEUE_SLOT_FREED, SIGNAL_SENT, TASK_CANCELLED, TASK_READY
+from tasks.notify import QUEUE_CHANGED, QUEUE_SLOT_FREED, SIGNAL_SENT, TASK_CANCELLED, TASK_READY, handoff_channel
 from tasks.retry import RetryPolicy
 from valka.conf import valka_settings
 from valka.db import conninfo, make_pool
 from valka.listen import Listener
+
+log = logging.getLogger("valka.dispatcher")
 
 
 @dataclass
@@ -97,7 +101,11 @@ class DispatcherNode:
         self.writer = Writer(pool=self.pool, relay=self.relay, cancel=self.relay.cancel,
                              settings=WriterSettings(node_id=s.node_id, lease_extension=s.lease_extension,
                                                      retry_params=s.retry_params, buffer_bytes=s.buffer_bytes))
+        # Idle slots offered to producers, who hand a task straight to this node on its own channel.
+        self.handoff_channel = handoff_channel(s.node_id)
+        self.offers = Offers(pool=self.claim_pool, node_id=s.node_id, channel=self.handoff_channel)
         self.claimer = Claimer(pool=self.claim_pool, sessions=self.sessions, unsend=self.writer.unsend,
+                               offers=self.offers,
                                room=self.writer.room, controls=QueueControls(max_age=s.poll_interval),
                                hops=HopLog(s.hop_log) if s.hop_log else None,
                                settings=ClaimerSettings(node_id=s.node_id, poll_interval=s.poll_interval))
@@ -106,7 +114,8 @@ class DispatcherNode:
                                       settings=HandlerSettings(node_id=s.node_id, retry_params=s.retry_params,
                                                                run_log_max_lines=s.run_log_max_lines,
                                                                run_log_max_bytes=s.run_log_max_bytes))
-        self.sweep = Sweep(pool=self.pool, sessions=self.sessions, relay=self.relay, interval=s.sweep_interval)
+        self.sweep = Sweep(pool=self.pool, sessions=self.sessions, relay=self.relay, interval=s.sweep_interval,
+                           unsend=self.writer.unsend, node_id=s.node_id, offered=lambda: self.offers.ever)
         self.keepalive = Keepalive(pool=self.pool, sessions=self.sessions, node_id=s.node_id,
                                    interval=s.keepalive_interval)
         # Task events and log wake-ups for ApiService subscribers, on a LISTEN connection of their own
@@ -120,7 +129,8 @@ class DispatcherNode:
              QUEUE_CHANGED: self.claimer.queue_changed,
              QUEUE_SLOT_FREED: self.claimer.slot_freed,
              TASK_CANCELLED: lambda task_id: self.relay.cancel(task_id, "task cancelled"),
-             SIGNAL_SENT: self.relay.on_signal},
+             SIGNAL_SENT: self.relay.on_signal,
+             self.handoff_channel: self.claimer.handed},
             on_reconnect=self._on_listen_reconnect,
         )
         self._claim_stop = asyncio.Event()  # set first: no claims once a stop begins
@@ -154,7 +164,12 @@ class DispatcherNode:
         self.handler.accepting = False
         self.handler.handing_over = True
         self._claim_stop.set()
+        self.claimer.stopped = True  # a task handed over from now on is put back
         self.claimer.wake()
+        try:
+            await self.offers.withdraw_all()
+        except Exception as exc:  # they lapse on their own
+            log.warning("dispatcher: could not withdraw the offers (%s); they lapse within seconds", exc)
         drain = max(0.0, budget - 5.0)
         for session in self.sessions:
             session.draining = True

@@ -152,6 +152,61 @@ WITH """ + OPEN + """, picked AS MATERIALIZED (
     FOR UPDATE SKIP LOCKED
 ), """ + ANSWER
 
+# ---------------------------------------------------------------- offers and handoffs
+# (dispatcher/offers.py says why a dispatcher offers idle slots; tasks/sql/producer.py INSERT_TASK
+# takes them.)
+
+# -- Offer %(slots)s slots of this node for %(queue)s (0: withdraw), for %(ttl)s seconds; answers
+# 1 if written. A row a producer holds (its transaction open) is skipped, never waited for. --
+OFFER = """
+WITH mine AS (
+    SELECT ctid FROM queue_offers WHERE queue = %(queue)s AND node_id = %(node_id)s FOR UPDATE SKIP LOCKED
+), changed AS (
+    UPDATE queue_offers o SET slots = %(slots)s, channel = %(channel)s,
+                              expires_at = now() + make_interval(secs => %(ttl)s)
+    WHERE o.ctid IN (SELECT ctid FROM mine)
+    RETURNING 1
+), added AS (
+    INSERT INTO queue_offers (queue, node_id, channel, slots, expires_at)
+    SELECT %(queue)s, %(node_id)s, %(channel)s, %(slots)s, now() + make_interval(secs => %(ttl)s)
+    WHERE %(slots)s > 0
+      AND NOT EXISTS (SELECT 1 FROM queue_offers WHERE queue = %(queue)s AND node_id = %(node_id)s)
+    ON CONFLICT DO NOTHING
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM changed) + (SELECT count(*) FROM added)
+   + (SELECT count(*) FROM (SELECT 1 WHERE %(slots)s = 0
+                            AND NOT EXISTS (SELECT 1 FROM queue_offers
+                                            WHERE queue = %(queue)s AND node_id = %(node_id)s)) gone)
+"""
+
+# -- A stopping node's offers (those a producer holds lapse on their own). --
+WITHDRAW_OFFERS = """
+DELETE FROM queue_offers WHERE ctid IN (SELECT ctid FROM queue_offers WHERE node_id = %(node_id)s
+                                        FOR UPDATE SKIP LOCKED)
+"""
+
+# -- Offers that lapsed a minute ago or more: their dispatchers are gone (a new node id per start). --
+FORGET_LAPSED_OFFERS = """
+DELETE FROM queue_offers WHERE ctid IN (SELECT ctid FROM queue_offers WHERE expires_at < now() - interval '1 minute'
+                                        FOR UPDATE SKIP LOCKED)
+"""
+
+# -- A task handed to this node whose NOTIFY could not carry it (too large): what a claim answers. --
+HANDED_TASK = f"""
+SELECT {CLAIMED} FROM tasks
+WHERE id = %(task_id)s AND status = '{TaskStatus.DISPATCHING.value}' AND claimed_by = %(node_id)s
+"""
+
+# -- Tasks handed to this node whose NOTIFY it never read (the LISTEN connection was down): of
+# its queues, DISPATCHING for it for more than %(after)s seconds. The sweep puts back those it
+# does not hold. --
+HANDED_UNHEARD = f"""
+SELECT id::text FROM tasks
+WHERE queue = ANY(%(queues)s::text[]) AND status = '{TaskStatus.DISPATCHING.value}' AND claimed_by = %(node_id)s
+  AND updated_at < now() - make_interval(secs => %(after)s)
+"""
+
 # ---------------------------------------------------------------- queues with controls
 # (docs/queues.md says what each control does; this is how the claim keeps them.)
 

@@ -3,14 +3,16 @@ this node's workers hold.
 
 NOTIFY only wakes things up; a notification sent while the LISTEN connection was down is lost.
 So the sweep re-reads what the notifications would have said, from the rows: a run someone else
-closed (a cancel, the lease reaper, the worker janitor) is stopped on its worker, and the
-PENDING signals of running tasks are delivered. A delivery that failed is retried here too.
+closed (a cancel, the lease reaper, the worker janitor) is stopped on its worker, the PENDING
+signals of running tasks are delivered, and a task a producer handed to this node whose NOTIFY
+was lost is put back, to be claimed. A delivery that failed is retried here too.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+from collections.abc import Callable
 
 from psycopg_pool import AsyncConnectionPool
 
@@ -21,13 +23,22 @@ from dispatcher.session import SessionRegistry
 log = logging.getLogger("valka.dispatcher")
 
 
+# Seconds a task handed to this node may wait for its NOTIFY to be read before the sweep puts it
+# back: far more than reading one takes, far less than the reaper's wait for a dead node's.
+HANDED_GRACE = 2.0
+
+
 class Sweep:
     def __init__(self, *, pool: AsyncConnectionPool, sessions: SessionRegistry, relay: Relay,
-                 interval: float) -> None:
+                 interval: float, unsend: Callable[[list[str]], None] | None = None, node_id: str = "",
+                 offered: Callable[[], set[str]] = set) -> None:
         self.pool = pool
         self.sessions = sessions
         self.relay = relay
         self.interval = interval
+        self.unsend = unsend
+        self.node_id = node_id
+        self.offered = offered  # the queues this node ever offered slots of (dispatcher.offers)
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -50,6 +61,24 @@ class Sweep:
             await self.relay.deliver(waiting)
         return len(closed), len(waiting)
 
+    async def put_back_unheard(self) -> int:
+        """Put back (PENDING) the tasks producers handed to this node whose NOTIFY it never read
+        (the LISTEN connection was down then): DISPATCHING for it a while, and held by none of its
+        sessions. Returns how many."""
+        queues = sorted(self.offered())
+        if self.unsend is None or not queues:
+            return 0
+        async with self.pool.connection() as conn:
+            cur = await conn.execute(sql.HANDED_UNHEARD, {"queues": queues, "node_id": self.node_id,
+                                                          "after": HANDED_GRACE})
+            found = [task_id for (task_id,) in await cur.fetchall()]
+        held = {entry.task_id for session in self.sessions for entry in session.in_flight.values()}
+        unheard = [task_id for task_id in found if task_id not in held]
+        if unheard:
+            log.info("dispatcher: %d task(s) handed over unheard; put back", len(unheard))
+            self.unsend(unheard)
+        return len(unheard)
+
     async def run(self, stop: asyncio.Event) -> None:
         while not stop.is_set():
             try:
@@ -61,6 +90,7 @@ class Sweep:
                 return
             try:
                 await self.run_once()
+                await self.put_back_unheard()
             except Exception as exc:
                 log.warning("dispatcher: the sweep failed (%s); again in %.1fs", exc, self.interval)
 

@@ -308,6 +308,28 @@ class Queue(models.Model):
         return self.name
 
 
+class QueueOffer(models.Model):
+    """Idle slots a dispatcher offers for a queue: a task inserted on its own while one is offered
+    is handed to that dispatcher in its INSERT (DISPATCHING, claimed by it) and announced to it
+    alone, with the task in the NOTIFY, so it is sent without a claim (dispatcher/offers.py,
+    tasks/sql/producer.py INSERT_TASK). Only the dispatcher that made a row writes it; producers
+    take a slot at a time, under the row's lock, skipping a row another producer holds."""
+
+    queue = models.CharField(max_length=MAX_NAME)
+    node_id = models.CharField(max_length=MAX_NAME)
+    channel = models.CharField(max_length=63, help_text="The NOTIFY channel the dispatcher listens on.")
+    slots = models.IntegerField()
+    expires_at = models.DateTimeField(help_text="Refreshed while the dispatcher lives; a dead one's lapse.")
+    pk = models.CompositePrimaryKey("queue", "node_id")
+
+    class Meta:
+        db_table = "queue_offers"
+        constraints = [models.CheckConstraint(condition=Q(slots__gte=0), name="queue_offers_slots_not_negative")]
+
+    def __str__(self) -> str:
+        return f"{self.queue}: {self.slots} slot(s) of {self.node_id}"
+
+
 class ApiKey(models.Model):
     """An API key; only its SHA-256 is kept (keys are 256-bit random tokens)."""
 

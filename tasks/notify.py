@@ -2,6 +2,8 @@
 rows are the truth, and every listener also polls now and then.
 """
 
+import hashlib
+
 # Payload: queue name, or `queue task_id` for one task inserted on its own (tasks/sql/producer.py
 # INSERT_TASK). Sent when a task becomes claimable now (created, retried, due, put back).
 TASK_READY = "valka_task_ready"
@@ -18,3 +20,11 @@ QUEUE_CHANGED = "valka_queue_changed"
 # Payload: queue name. Sent by a trigger (tasks/sql/schema/queues.sql) when tasks of a queue with
 # max_running or max_running_per_key have ended: a slot is free for whichever node can claim.
 QUEUE_SLOT_FREED = "valka_queue_slot_freed"
+
+
+def handoff_channel(node_id: str) -> str:
+    """A dispatcher's own channel (an identifier, whatever its node id holds). Payload: a task
+    handed to it in its INSERT, as the JSON array of what a claim answers (dispatcher/sql.py
+    CLAIMED), or `[id, queue]` when that would not fit in a NOTIFY (tasks/sql/producer.py
+    INSERT_TASK, dispatcher/offers.py)."""
+    return "valka_handoff_" + hashlib.sha256(node_id.encode()).hexdigest()[:24]

@@ -241,8 +241,11 @@ def _insert_one(spec: TaskSpec, links: Mapping[str, Any]) -> Task | None:
     row = fetchone_prepared(producer.INSERT_TASK, params)
     if row is None:
         return None
-    run_at, created_at, _notified = row
-    return _new_task(params["id"], spec, run_at, _task_base(created_at, links), _init_heard())
+    run_at, created_at, status, claimed_by, _notified = row
+    task = _new_task(params["id"], spec, run_at, _task_base(created_at, links), _init_heard())
+    if claimed_by is not None:  # handed to a dispatcher in the INSERT (producer.INSERT_TASK)
+        task.status, task.claimed_by = status, claimed_by
+    return task
 
 
 def _rows_json(ids: list[str], specs: list[TaskSpec], links: Mapping[str, Any]) -> str:

@@ -20,8 +20,9 @@ class TaskStatus(StrEnum):
     # or a dispatcher/reaper that could not hand a claimed task over.
     # Out: claimed by a dispatcher, or cancelled.
     PENDING = "PENDING"
-    # In: claimed by a dispatcher (FOR UPDATE SKIP LOCKED). Out: sent (RUNNING),
-    # not sent (back to PENDING, no attempt counted), or cancelled.
+    # In: claimed by a dispatcher (FOR UPDATE SKIP LOCKED), or handed to one by its producer's
+    # INSERT (an idle slot the dispatcher offered). Out: sent (RUNNING), not sent (back to
+    # PENDING, no attempt counted), or cancelled.
     DISPATCHING = "DISPATCHING"
     # In: the assignment reached a worker; a run row holds the lease.
     # Out: the worker's result, a cancellation, or the reaper/disconnect handler.
@@ -51,6 +52,10 @@ TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     S.DEAD_LETTER: frozenset(),
     S.CANCELLED: frozenset(),
 }
+
+# What a task is inserted as: PENDING, or DISPATCHING when its producer hands it straight to a
+# dispatcher that offered an idle slot for its queue (tasks/sql/producer.py INSERT_TASK).
+INITIAL_STATES: frozenset[TaskStatus] = frozenset({S.PENDING, S.DISPATCHING})
 
 FINAL_STATES: frozenset[TaskStatus] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
 ACTIVE_STATES: frozenset[TaskStatus] = frozenset(TaskStatus) - FINAL_STATES

@@ -5,30 +5,64 @@ task only once it is committed, and never of one that was rolled back.
 """
 
 from tasks.notify import TASK_READY
+from tasks.sql.queues import CONTROLLED
+from tasks.states import TaskStatus
 
-# -- Insert one task; an id or an idempotency key that exists already inserts nothing. --
+HANDED = TaskStatus.DISPATCHING.value  # a task handed to a dispatcher in its INSERT (states.INITIAL_STATES)
+HANDOFF_BYTES = 7900  # the most a handoff's NOTIFY carries (PostgreSQL's limit is 8,000 bytes)
+
+# -- Insert one task, handed straight to a dispatcher that offers an idle slot for its queue; an id
+# or an idempotency key that exists already inserts nothing. --
 # `input` and `metadata` arrive as JSON text. Returns what the server set (due and creation
-# times); the caller knows the rest. The NOTIFY wakes dispatchers only when the task is
-# claimable now, and names it (`queue task_id`: queue names hold no space), so that an idle
-# dispatcher can claim it by its id (dispatcher/sql.py CLAIM_IDS). A task alone could go through
-# INSERT_TASKS as a batch of one, but this statement enqueues 10-25% faster (docs/performance.md,
-# "Hand-made fast paths").
+# times, the status and the node it went to); the caller knows the rest.
+# A task due now, of a queue without controls, for which a dispatcher offers an idle slot
+# (queue_offers, dispatcher/offers.py), is inserted DISPATCHING, claimed by that dispatcher, and
+# announced on its own channel with everything its worker needs: it is sent without a claim's
+# round trip (a third of a new task's way to its handler on an idle system). The offer's row is
+# taken with SKIP LOCKED, so concurrent producers never wait for each other: one that finds the
+# offers held inserts the task PENDING. A dispatcher that cannot send a task handed to it puts
+# it back (PENDING); one that died leaves it to the lease reaper, as it would a claimed task.
+# Otherwise the task is PENDING, and its NOTIFY wakes dispatchers only when it is claimable now,
+# naming it (`queue task_id`: queue names hold no space), so that an idle dispatcher can claim it
+# by its id (dispatcher/sql.py CLAIM_IDS). A task alone could go through INSERT_TASKS as a batch
+# of one, but this statement enqueues 10-25% faster (docs/performance.md, "Hand-made fast paths").
 INSERT_TASK = f"""
-WITH ins AS (
-    INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count,
+WITH offer AS MATERIALIZED (
+    SELECT o.ctid AS tid, o.node_id, o.channel FROM queue_offers o
+    WHERE o.queue = %(queue)s AND o.slots > 0 AND o.expires_at > now()
+      AND COALESCE(%(run_at)s, now()) <= now()
+      AND NOT EXISTS (SELECT 1 FROM queues q WHERE q.name = %(queue)s AND {CONTROLLED})
+    LIMIT 1
+    FOR UPDATE SKIP LOCKED
+), ins AS (
+    INSERT INTO tasks (id, task_name, queue, status, claimed_by, priority, max_retries, attempt_count,
                        timeout_seconds, idempotency_key, input, metadata, run_at,
                        created_at, updated_at, replayed_from_task_id, replayed_from_dead_letter_id,
                        concurrency_key)
-    VALUES (%(id)s, %(task_name)s, %(queue)s, 'PENDING', %(priority)s, %(max_retries)s, 0,
+    VALUES (%(id)s, %(task_name)s, %(queue)s, COALESCE((SELECT '{HANDED}' FROM offer), 'PENDING'),
+            (SELECT node_id FROM offer), %(priority)s, %(max_retries)s, 0,
             %(timeout_seconds)s, %(idempotency_key)s, %(input)s::jsonb, %(metadata)s::jsonb,
             COALESCE(%(run_at)s, now()), now(), now(), %(replayed_from_task_id)s,
             %(replayed_from_dead_letter_id)s, %(concurrency_key)s)
     ON CONFLICT DO NOTHING
-    RETURNING id, queue, run_at, created_at
+    RETURNING id, task_name, queue, status, claimed_by, input, metadata, timeout_seconds, priority, run_at,
+              created_at
+), taken AS (
+    UPDATE queue_offers o SET slots = o.slots - 1
+    WHERE o.ctid = (SELECT tid FROM offer) AND EXISTS (SELECT 1 FROM ins WHERE ins.status = '{HANDED}')
+    RETURNING o.channel
+), handed AS (
+    SELECT json_build_array(ins.id, ins.task_name, ins.queue, ins.input::text, ins.metadata::text, 1,
+                            ins.timeout_seconds, ins.priority, ins.run_at)::text AS whole,
+           json_build_array(ins.id, ins.queue)::text AS named
+    FROM ins WHERE ins.status = '{HANDED}'
 )
-SELECT ins.run_at, ins.created_at,
+SELECT ins.run_at, ins.created_at, ins.status, ins.claimed_by,
        (SELECT count(*) FROM (SELECT pg_notify('{TASK_READY}', ins.queue || ' ' || ins.id::text)
-                              WHERE ins.run_at <= now()) n) AS notified
+                              WHERE ins.status = 'PENDING' AND ins.run_at <= now()) n)
+       + (SELECT count(*) FROM (SELECT pg_notify(t.channel, CASE WHEN octet_length(h.whole) <= {HANDOFF_BYTES}
+                                                               THEN h.whole ELSE h.named END)
+                                FROM taken t, handed h) m) AS notified
 FROM ins
 """
 

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tasks import services
-from tasks.models import DeadLetter, Task, TaskLog, TaskRun
+from tasks.models import DeadLetter, QueueOffer, Task, TaskLog, TaskRun
 from tests.helpers import Feeder, has_scheduler, wait_for, wait_status
 from valka_sdk.errors import parse_failure
 
@@ -26,6 +26,26 @@ def test_happy_path(stack):
     run = TaskRun.objects.get(task_id=task.id)
     assert run.status == "COMPLETED" and run.attempt_number == 1 and run.finished_at
     assert run.output == done.output
+
+
+def test_an_idle_dispatcher_is_handed_a_new_task_in_its_insert(stack):
+    """An idle dispatcher offers its worker's free slots (dispatcher/offers.py): a task inserted on
+    its own then goes to it DISPATCHING in its INSERT, is sent without a claim, and runs; a large
+    one too, read from its row. Once the dispatcher stops, its offers are gone."""
+    proc, addr = stack.dispatcher()
+    stack.worker(addr, concurrency=4)
+    wait_for(lambda: QueueOffer.objects.filter(queue="default", slots=4).exists(), what="an offer of 4 slots")
+    task = services.task_enqueue(task_name="echo", queue="default", input={"hello": "handed"})
+    large = services.task_enqueue(task_name="echo", queue="default", input={"blob": "x" * 20_000})
+    assert task.status == large.status == "DISPATCHING"
+    assert wait_status(task.id, "COMPLETED").output["echo"] == {"hello": "handed"}
+    assert wait_status(large.id, "COMPLETED").output["echo"] == {"blob": "x" * 20_000}
+    assert TaskRun.objects.get(task_id=task.id).attempt_number == 1
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(30)
+    assert not QueueOffer.objects.filter(slots__gt=0).exists()
+    after = services.task_enqueue(task_name="echo", queue="default")
+    assert after.status == "PENDING"
 
 
 def test_sync_handler_and_logs(stack):
