@@ -30,9 +30,10 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.get_closest_marker("long") is None)
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _test_database_left_alone(django_db_setup, django_db_blocker):
-    """Wait, at the end, for the test database's other sessions to end before pytest-django drops it.
+@pytest.fixture(scope="session")
+def django_db_setup(django_db_setup, django_db_blocker):
+    """pytest-django's, and at the end a wait for the test database's other sessions to end before
+    it drops the database.
 
     A process a test stopped may still have a backend on its way out (PostgreSQL notices a closed
     socket at its next read), and DROP DATABASE refuses while one is there. Two seconds are ample

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import ctypes
 import logging
 import threading
 import time
@@ -170,10 +171,19 @@ def test_python_logging_inside_a_handler_goes_to_its_run_log():
 
 
 @pytest.mark.parametrize("interrupt", [True, False])
-def test_a_cancel_interrupts_a_sync_handler_when_asked(interrupt):
+def test_a_cancel_interrupts_a_sync_handler_when_asked(interrupt, monkeypatch):
     worker = Worker(queues=["q"], interrupt_sync_handlers=interrupt)
     seen = []
     running = threading.Event()
+    raised = []  # what the worker asked of PyThreadState_SetAsyncExc, and what it answered
+    set_async_exc = ctypes.pythonapi.PyThreadState_SetAsyncExc
+
+    def recorded(thread, exc):
+        answer = set_async_exc(thread, exc)
+        raised.append((thread.value, exc, answer))
+        return answer
+
+    monkeypatch.setattr(ctypes.pythonapi, "PyThreadState_SetAsyncExc", recorded)
 
     @worker.task("spin")
     def spin(ctx):
@@ -182,8 +192,8 @@ def test_a_cancel_interrupts_a_sync_handler_when_asked(interrupt):
             running.set()  # inside the try: the interruption may land as soon as the test hears it
             while time.monotonic() < deadline:
                 sum(range(100))
-        except TaskCancelled:
-            seen.append("interrupted")
+        except BaseException as exc:
+            seen.append(f"{type(exc).__module__}.{type(exc).__qualname__} in {threading.get_ident()}")
             raise
         seen.append("ran to the end")
 
@@ -201,7 +211,12 @@ def test_a_cancel_interrupts_a_sync_handler_when_asked(interrupt):
 
     result = asyncio.run(scenario())
     assert not result.success and result.error_message == "cancelled: by a test"
-    assert seen == (["interrupted"] if interrupt else ["ran to the end"])
+    if interrupt:
+        [(thread, exc, answer)] = raised[:1] or [(None, None, None)]
+        assert exc is not None and exc.value is TaskCancelled and answer == 1, raised
+        assert seen == [f"valka_sdk.errors.TaskCancelled in {thread}"], raised
+    else:
+        assert seen == ["ran to the end"] and raised == []
 
 
 def test_non_retryable_error_and_plain_exceptions():
