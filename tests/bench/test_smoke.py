@@ -48,8 +48,10 @@ def test_percentiles_and_the_table():
     results = {"valka": {"drain": {"rate_per_s": 5000.0}, "latency": {"p50_ms": 2.0, "p99_ms": 6.0}},
                "peers": {"celery": {"drain": {"rate_per_s": 1000.0}, "latency": {"p50_ms": 3.0, "p99_ms": 4.0}}}}
     text = report.table(results)
-    assert "| drain (no-op tasks) | tasks/s | ≈ 5,000 | 5,000 | 1,000 | 5.0× |" in text
-    assert "| idle-worker latency p50 | ms | ≤ 3 | 2.0 | 3.0 | 1.5× |" in text
+    assert "| drain (no-op tasks) | tasks/s |  | 5,000 | 1,000 | 5.0× |" in text
+    assert "| idle-worker latency p50, from enqueue's return | ms | ≤ Celery | 2.0 | 3.0 | 1.5× |" in text
+    results["valka"]["grpc_floor"] = {"rate_per_s": 6250.0}
+    assert "|   ÷ the gRPC floor, 1 worker | ratio | ≥ 0.80 | 0.80 | — | — |" in report.table(results)
 
 
 @pytest.mark.django_db(transaction=True)
