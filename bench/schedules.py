@@ -62,7 +62,8 @@ def _scheduler(stack: BenchStack, name: str) -> Any:
 
 
 def fire(stack: BenchStack, *, count: int, drain_n: int, cron: bool = True, lead: float = 15.0) -> dict[str, Any]:
-    """Seconds from the slot until `count` schedules have fired, and the drains before and beside it.
+    """Seconds from the slot until `count` schedules have fired, and the drains before, beside and
+    after it (beside ÷ the mean of the other two: `beside_ratio`).
     With `cron` the schedules are `* * * * *` and the slot the first minute at least `lead` away;
     without, every 60 s and the slot `lead` from now (a smoke test's short wait)."""
     url = stack.database_url
@@ -99,6 +100,9 @@ def fire(stack: BenchStack, *, count: int, drain_n: int, cron: bool = True, lead
         watcher.join(330)
         if "at" not in done:
             raise TimeoutError(f"{count} schedules not fired within 5 minutes of their slot")
+        # Once more after the firing: the drain beside it is compared with both, so that the
+        # machine's drift over the minute cannot pass for the firing's cost.
+        after = drain.drain(url, n=drain_n, rounds=1, label="drain, after the firing")
         with psycopg.connect(url, autocommit=True) as conn:
             fired, lag = conn.execute(
                 "SELECT count(*) FILTER (WHERE last_run_at = %s), max(last_lag_seconds) FROM schedules "
@@ -107,7 +111,8 @@ def fire(stack: BenchStack, *, count: int, drain_n: int, cron: bool = True, lead
         stack.stop(scheduler)
         cleanup(url)
     return {"schedules": count, "fired": fired, "seconds": done["at"] - slot.timestamp(),
-            "last_batch_began_s": lag, "drain_before": baseline, "drain_beside": beside}
+            "last_batch_began_s": lag, "drain_before": baseline, "drain_beside": beside, "drain_after": after,
+            "beside_ratio": beside["rate_per_s"] / ((baseline["rate_per_s"] + after["rate_per_s"]) / 2)}
 
 
 def _cpu_seconds(pid: int) -> float:

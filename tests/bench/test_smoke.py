@@ -115,7 +115,8 @@ def test_the_schedules_workloads_on_a_real_stack(tmp_path, quiet):
         stack.workers(addr, count=1, concurrency=8, queues=[drain.DRAIN_QUEUE])
         fired = schedules.fire(stack, count=30, drain_n=20, cron=False, lead=3.0)
         assert fired["fired"] == 30 and 0 < fired["seconds"] < 30, fired
-        assert fired["drain_before"]["n"] == fired["drain_beside"]["n"] == 20
+        assert fired["drain_before"]["n"] == fired["drain_beside"]["n"] == fired["drain_after"]["n"] == 20
+        assert fired["beside_ratio"] > 0
         idle = schedules.idle(stack, count=30, seconds=1.0, settle=0.5)
         assert idle["schedules"] == 30 and 0 <= idle["cpu_percent"] < 100 and idle["seconds"] >= 1.0
     finally:
