@@ -214,7 +214,7 @@ class Claimer:
             self._waiters.add(waiter)
             waiter.add_done_callback(self._waiters.discard)
         else:
-            self._send_handed(queue, [tuple(row)], sessions, began)
+            self._hand_out(queue, [tuple(row)], sessions, began)
 
     async def _fetch_handed(self, task_id: str, queue: str, began: int) -> None:
         try:
@@ -228,15 +228,7 @@ class Claimer:
         if rows and (self.stopped or not sessions):
             self.unsend([task_id])
         elif rows:  # none: cancelled meanwhile
-            self._send_handed(queue, rows, sessions, began)
-
-    def _send_handed(self, queue: str, rows: list[tuple], sessions: list[WorkerSession], began: int) -> None:
-        tracer = tracing.tracer()
-        if tracer is None:
-            self._distribute(queue, rows, sessions, began)
-        else:
-            with claim_span(tracer, queue, rows, began):
-                self._distribute(queue, rows, sessions, began)
+            self._hand_out(queue, rows, sessions, began)
 
     def _offerable(self) -> dict[str, int]:
         """The slots to offer producers, by queue (dispatcher.offers): a queue without controls whose
@@ -384,7 +376,6 @@ class Claimer:
         if floor is not None and now - floor.since > self.settings.floor_ttl:
             floor = None
         node_id = self.settings.node_id
-        tracer = tracing.tracer()
         began = time.time_ns()  # the claim span's start, should it claim anything
         async with self.pool.connection() as conn:
             rows = await claim(conn, queue=queue, limit=limit, node_id=node_id, after=floor and floor.start)
@@ -401,17 +392,12 @@ class Claimer:
             self._floors[queue] = Floor((last[7], last[8], last[0]), floor.since if floor else now)
         if not rows:
             return 0
-        if tracer is None:
-            self._distribute(queue, rows, sessions, began)
-        else:
-            with claim_span(tracer, queue, rows, began):
-                self._distribute(queue, rows, sessions, began)
+        self._hand_out(queue, rows, sessions, began)
         if len(rows) == self.settings.max_batch:
             self.wake(queue)  # slots are still free and there may be more tasks where these came from
         return len(rows)
 
     async def _claim_ids(self, queue: str, ids: list[str], sessions: list[WorkerSession]) -> int:
-        tracer = tracing.tracer()
         began = time.time_ns()
         async with self.pool.connection() as conn:
             rows = await claim_ids(conn, queue=queue, ids=ids, node_id=self.settings.node_id)
@@ -420,15 +406,10 @@ class Claimer:
             self.queue_changed(queue)
             return 0
         if rows:
-            if tracer is None:
-                self._distribute(queue, rows, sessions, began)
-            else:
-                with claim_span(tracer, queue, rows, began):
-                    self._distribute(queue, rows, sessions, began)
+            self._hand_out(queue, rows, sessions, began)
         return len(rows)
 
     async def _claim_limited(self, queue: str, limit: int, sessions: list[WorkerSession]) -> int:
-        tracer = tracing.tracer()
         began = time.time_ns()
         async with self.pool.connection() as conn:
             rows, answer = await claim_limited(conn, queue=queue, limit=limit, node_id=self.settings.node_id)
@@ -444,11 +425,7 @@ class Claimer:
             self._retry_at[queue] = asyncio.get_running_loop().time() + answer.retry_in
         if not rows:
             return 0
-        if tracer is None:
-            entries = self._distribute(queue, rows, sessions, began)
-        else:
-            with claim_span(tracer, queue, rows, began):
-                entries = self._distribute(queue, rows, sessions, began)
+        entries = self._hand_out(queue, rows, sessions, began)
         if self.controls.rated(queue) and entries:
             self._wake_when_started(queue, entries)
         if answer.again or len(rows) == self.settings.max_batch:
@@ -481,6 +458,14 @@ class Claimer:
         except BaseException:
             self._limited.update(counts)
             raise
+
+    def _hand_out(self, queue: str, rows: list[tuple], sessions: list[WorkerSession], began: int) -> list[InFlight]:
+        """`_distribute`, inside the claim's span when a tracer provider is set (`claim_span`)."""
+        tracer = tracing.tracer()
+        if tracer is None:
+            return self._distribute(queue, rows, sessions, began)
+        with claim_span(tracer, queue, rows, began):
+            return self._distribute(queue, rows, sessions, began)
 
     def _distribute(self, queue: str, rows: list[tuple], sessions: list[WorkerSession],
                     began: int) -> list[InFlight]:
