@@ -22,9 +22,10 @@ from dispatcher.session import InFlight, SessionRegistry
 from dispatcher.sweep import HANDED_GRACE, Sweep
 from tasks.models import Queue, QueueOffer, Task
 from tasks.notify import TASK_READY, handoff_channel
+from tasks.scheduler.reaper import LeaseReaper
 from tasks.services import task_enqueue
 from tests.dispatcher.test_claimer import Slots, _claimer
-from tests.helpers import database_url
+from tests.helpers import database_url, make_config, once
 from valka.db import make_pool
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -271,3 +272,15 @@ def test_two_producers_at_once_take_the_last_slot_once():
     for t in threads:
         t.join()
     assert sorted(results) == ["DISPATCHING", "PENDING"] and _slots() == 0
+
+
+def test_a_task_handed_to_a_dispatcher_that_died_goes_back_to_pending_like_a_claimed_one():
+    """The offer outlived its dispatcher (it lapses within seconds): the task handed over is
+    DISPATCHING for a node that will never send it, and the lease reaper puts it back."""
+    _offer()
+    task = task_enqueue(task_name="t", queue="q")
+    assert task.status == "DISPATCHING"
+    Task.objects.filter(id=task.id).update(updated_at=timezone.now() - timedelta(seconds=61))
+    assert once(LeaseReaper(make_config(dispatching_timeout=60))) == 1
+    row = Task.objects.get(id=task.id)
+    assert (row.status, row.claimed_by, row.attempt_count) == ("PENDING", None, 0)
