@@ -162,7 +162,7 @@ class Claimer:
         self._limited_at = 0.0
         self._waiters: set[asyncio.Task] = set()
         self._held_by_running: set[str] = set()  # queues whose last claim max_running(_per_key) held back
-        self.stopped = False  # set once claims stop: a task handed over now is put back
+        self.stopped = False  # set by the node as claims stop: a task handed over then is put back
 
     def wake(self, queue: str | None = None) -> None:
         if queue is None:
@@ -299,12 +299,6 @@ class Claimer:
             self.wake(queue)
 
     async def run(self, stop: asyncio.Event) -> None:
-        try:
-            await self._run(stop)
-        finally:
-            self.stopped = True
-
-    async def _run(self, stop: asyncio.Event) -> None:
         poll = self.settings.poll_interval
         backoff = 0.1
         loop = asyncio.get_running_loop()

@@ -21,15 +21,12 @@ back (PENDING), to be claimed as any other (dispatcher.claimer `Claimer.handed`)
 
 from __future__ import annotations
 
-import logging
 import time
 from collections.abc import Callable, Mapping
 
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher import sql
-
-log = logging.getLogger("valka.dispatcher")
 
 OFFER_MAX = 16  # slots of a queue offered at once
 TTL = 5.0  # seconds an offer lasts unless written again: a dead dispatcher's lapse within it

@@ -243,8 +243,7 @@ def _insert_one(spec: TaskSpec, links: Mapping[str, Any]) -> Task | None:
         return None
     run_at, created_at, status, claimed_by, _notified = row
     task = _new_task(params["id"], spec, run_at, _task_base(created_at, links), _init_heard())
-    if claimed_by is not None:  # handed to a dispatcher in the INSERT (producer.INSERT_TASK)
-        task.status, task.claimed_by = status, claimed_by
+    task.status, task.claimed_by = status, claimed_by  # DISPATCHING when handed over in the INSERT
     return task
 
 
