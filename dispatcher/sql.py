@@ -15,7 +15,7 @@ CLAIMED = ("id::text, task_name, queue, input::text, metadata::text, attempt_cou
 # A claim's move: its `picked` rows, by address, PENDING → DISPATCHING for this node.
 MOVE_PICKED = guarded_update(TaskStatus.DISPATCHING, sources=[TaskStatus.PENDING],
                              where="ctid = ANY(ARRAY(SELECT ctid FROM picked))", set="claimed_by = %(node_id)s",
-                             returning=CLAIMED)
+                             returning=CLAIMED, by_address=True)
 
 # -- The claim connections' settings (they run CLAIM and nothing else). --
 # A claim is a few index probes and an update by address, whatever the table holds. A queue
@@ -236,9 +236,11 @@ SELECT set_config('synchronous_commit', 'off', true) FROM queues WHERE name = %(
 # -- Claim up to %(limit)s due tasks of a queue with controls, after LOCK_QUEUE, in its transaction. --
 # What the queue allows (`allowance`) is the least of:
 # - nothing while it is paused;
-# - max_running less its tasks DISPATCHING or RUNNING (`active`, counted in tasks_queue_status_idx
-#   up to max_running): claims are counted under the lock, and a task ends only by leaving those
-#   statuses, so no number of dispatchers can take the queue past its limit;
+# - max_running less its tasks DISPATCHING or RUNNING (`active`, counted up to max_running in two
+#   ranges of tasks_queue_status_idx, one per status: with both statuses in one condition, the
+#   planner was free to read the whole queue and filter, finished tasks included, and did): claims
+#   are counted under the lock, and a task ends only by leaving those statuses, so no number of
+#   dispatchers can take the queue past its limit;
 # - rate_limit less the starts of the last rate_period_seconds and the tasks claimed but not yet
 #   started (`rate_window`, `unstarted`). A sliding window, exact for the runs' started_at: the row
 #   keeps stamps (`rate_stamps`, `rate_counts`), each no earlier than the starts it counts. Each
@@ -273,9 +275,13 @@ WITH RECURSIVE queue AS MATERIALIZED (
     FROM queues q WHERE q.name = %(queue)s
 ), active AS MATERIALIZED (
     SELECT count(*)::int AS n FROM (
-        SELECT 1 FROM tasks t
-        WHERE t.queue = %(queue)s AND t.status IN ('DISPATCHING', 'RUNNING')
-          AND (SELECT max_running FROM queue) IS NOT NULL
+        (SELECT 1 FROM tasks t
+         WHERE t.queue = %(queue)s AND t.status = 'DISPATCHING' AND (SELECT max_running FROM queue) IS NOT NULL
+         LIMIT (SELECT max_running FROM queue))
+        UNION ALL
+        (SELECT 1 FROM tasks t
+         WHERE t.queue = %(queue)s AND t.status = 'RUNNING' AND (SELECT max_running FROM queue) IS NOT NULL
+         LIMIT (SELECT max_running FROM queue))
         LIMIT (SELECT max_running FROM queue)) a
 ), unstarted AS MATERIALIZED (
     SELECT count(*)::int AS n FROM tasks t
@@ -436,7 +442,7 @@ WITH locked AS MATERIALIZED (
     """ + guarded_update(
     TaskStatus.RUNNING,
     sources=[TaskStatus.DISPATCHING],
-    where="ctid = ANY(ARRAY(SELECT tid FROM locked))",
+    where="ctid = ANY(ARRAY(SELECT tid FROM locked))", by_address=True,
     set="attempt_count = attempt_count + 1, started_at = now(), error_message = NULL",
 ) + """
 )

@@ -93,6 +93,7 @@ def guarded_update(
     table: str = "tasks",
     from_: str = "",
     returning: str = "id",
+    by_address: bool = False,
 ) -> str:
     """Build the compare-and-set UPDATE that moves rows to `target`.
 
@@ -102,6 +103,12 @@ def guarded_update(
     adds assignments. Final states get `finished_at` unless `set` gives it.
     Rows whose status is not among the sources are left alone: that is how
     a lost race shows, as a row missing from RETURNING.
+
+    `by_address`: `where` picks the rows by their address (ctid), as the statements that lock
+    their rows first do. The guard is then written so that no index can serve it, which leaves
+    the planner the TID scan alone: planned on statistics taken while a status was rare (a
+    queue's PENDING tasks before a burst), the guard looked cheaper to find by the status index,
+    and the update walked every entry of that status to reach a few rows.
     """
     target = TaskStatus(target)
     allowed = sources_of(target)
@@ -115,9 +122,12 @@ def guarded_update(
     if set:
         assignments.append(set)
     prefix = f"{table}." if from_ else ""
+    guard = f"{prefix}status IN ({_sql_list(chosen)})"
+    if by_address:
+        guard = f"({guard}) IS TRUE"  # the same rows; not an index condition
     return (
         f"UPDATE {table} SET {', '.join(assignments)}"
         f"{' FROM ' + from_ if from_ else ''}"
-        f" WHERE ({where}) AND {prefix}status IN ({_sql_list(chosen)})"
+        f" WHERE ({where}) AND {guard}"
         f" RETURNING {returning}"
     )

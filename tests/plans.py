@@ -1,14 +1,19 @@
 """Executed plans of the statements that matter for speed, for tests that assert their shape."""
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from django.db import connection
 
 
-def executed_plan(statement: str, params: dict, *, generic: bool, session: str = "") -> dict:
+def executed_plan(statement: str, params: dict, *, generic: bool, session: str = "",
+                  planned_before: Callable[[], None] | None = None) -> dict:
     """EXPLAIN ANALYZE of `statement` prepared (named placeholders become $n), in the custom or
-    the generic plan, on a session set up with `session` first. Its writes stay."""
+    the generic plan, on a session set up with `session` first. Its writes stay.
+
+    `planned_before`: the statement runs once first, which plans it (a generic plan is kept);
+    then `planned_before` changes the data under that plan, as a long-lived connection sees a
+    table grow after its first claim."""
     names = list(params)
     prepared = statement
     for i, name in enumerate(names, 1):
@@ -20,6 +25,9 @@ def executed_plan(statement: str, params: dict, *, generic: bool, session: str =
         cur.execute(f"PREPARE plan_under_test AS {prepared}")
         try:
             placeholders = ", ".join(["%s"] * len(names))
+            if planned_before is not None:
+                cur.execute(f"EXECUTE plan_under_test({placeholders})", [params[n] for n in names])
+                planned_before()
             cur.execute(f"EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE plan_under_test({placeholders})",
                         [params[n] for n in names])
             return cur.fetchone()[0][0]["Plan"]

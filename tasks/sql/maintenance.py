@@ -40,7 +40,7 @@ WITH picked AS MATERIALIZED (
     ORDER BY run_at LIMIT %(limit)s FOR UPDATE SKIP LOCKED
 ), moved AS (
     {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.RETRY],
-                    where="ctid = ANY(ARRAY(SELECT ctid FROM picked))", set="claimed_by = NULL",
+                    where="ctid = ANY(ARRAY(SELECT ctid FROM picked))", set="claimed_by = NULL", by_address=True,
                     returning="id, queue")}
 )
 SELECT queue, count(*) AS moved, pg_notify('{TASK_READY}', queue)::text FROM moved GROUP BY queue
@@ -89,7 +89,7 @@ WITH RECURSIVE {QUEUES}, picked AS MATERIALIZED (
     LIMIT %(limit)s
 ), moved AS (
     {guarded_update(TaskStatus.PENDING, sources=[TaskStatus.DISPATCHING],
-                    where="ctid = ANY(ARRAY(SELECT ctid FROM picked))", set="claimed_by = NULL",
+                    where="ctid = ANY(ARRAY(SELECT ctid FROM picked))", set="claimed_by = NULL", by_address=True,
                     returning="id, queue")}
 )
 SELECT queue, count(*) AS moved, pg_notify('{TASK_READY}', queue)::text FROM moved GROUP BY queue
