@@ -7,7 +7,9 @@ without a NOTIFY in each transaction, as every enqueue of a task due now sends o
 
 PostgreSQL holds one lock from a notifying transaction's commit until its commit record is
 flushed, so notifying commits wait for each other's WAL flush instead of sharing one: the
-two concurrent figures show what that costs enqueue from many callers on this machine.
+two concurrent figures show what that costs enqueue from many callers on this machine. One more
+figure is not bare: one INSERT + NOTIFY + commit per row into Valka's own tasks table, which shows
+what the table's indexes and triggers cost a single enqueue before Valka's Python.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from __future__ import annotations
 import multiprocessing
 import threading
 import time
+import uuid
 from typing import Any
 
 import psycopg
@@ -75,6 +78,33 @@ def enqueue_single(database_url: str, count: int) -> dict[str, Any]:
             conn.execute("INSERT INTO floor_jobs (queue, status, payload) VALUES ('single', 'pending', %s)",
                          (f'{{"i": {i}}}',))
         seconds = time.perf_counter() - start
+    return {"rate_per_s": count / seconds, "count": count}
+
+
+# One task's row in Valka's own tasks table, with the NOTIFY that every enqueue of a task due now
+# sends, from bare psycopg (prepared, autocommit): what the table's indexes and triggers leave of
+# the bare floor above before any of Valka's Python runs. Run in Valka's database, on a queue no
+# worker serves; its rows are deleted afterwards.
+TASKS_TABLE_QUEUE = "floor_tasks_table"
+TASKS_TABLE_INSERT = f"""
+WITH ins AS (
+    INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count, timeout_seconds,
+                       input, metadata, run_at, created_at, updated_at)
+    VALUES (%s, 'noop', '{TASKS_TABLE_QUEUE}', 'PENDING', 0, 3, 0, 300, %s::jsonb, '{{}}', now(), now(), now())
+    RETURNING queue, id
+)
+SELECT pg_notify('valka_task_ready', queue || ' ' || id::text) FROM ins
+"""
+
+
+def enqueue_tasks_table(database_url: str, count: int) -> dict[str, Any]:
+    """TASKS_TABLE_INSERT, one row and one commit per call, from one connection."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        start = time.perf_counter()
+        for i in range(count):
+            conn.execute(TASKS_TABLE_INSERT, (uuid.uuid4(), f'{{"i": {i}}}'), prepare=True)
+        seconds = time.perf_counter() - start
+        conn.execute("DELETE FROM tasks WHERE queue = %s", (TASKS_TABLE_QUEUE,))
     return {"rate_per_s": count / seconds, "count": count}
 
 

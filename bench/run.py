@@ -134,6 +134,7 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
         floor_url = create_database(url, "floor")
         out["floor"] = {**floor.drain(floor_url, n=opts.n, rounds=opts.rounds),
                         "enqueue_single": floor.enqueue_single(floor_url, opts.enqueue_count),
+                        "enqueue_tasks_table": floor.enqueue_tasks_table(url, opts.enqueue_count),
                         "enqueue_x8": floor.enqueue_concurrent(floor_url, notify=False),
                         "enqueue_x8_notify": floor.enqueue_concurrent(floor_url, notify=True)}
         out["grpc_floor"] = grpc_floor.drain(n=opts.n, rounds=opts.rounds, concurrency=opts.concurrency)
