@@ -2,9 +2,9 @@
 
 Drain: N no-op tasks committed in one transaction while the workers are idle,
 then the time until the last of them is COMPLETED: max(finished_at) minus the
-moment the commit returned. The same drain runs on queues with controls: one
-whose max_running is the workers' slots, and one whose tasks have 100
-concurrency keys under max_running_per_key (`controlled`). Latency: idle workers, `stamp` tasks enqueued one
+moment the commit returned. The same drain runs on queues with controls, in
+turns with the unlimited one: one whose max_running is the workers' slots, and
+one whose tasks have 100 concurrency keys under max_running_per_key (`controlled`). Latency: idle workers, `stamp` tasks enqueued one
 by one through the in-process API at a steady pace; the handler's start time
 (in the task's output) minus the moment `enqueue` returned.
 
@@ -88,18 +88,34 @@ def drain(database_url: str, *, n: int, rounds: int, queue: str = DRAIN_QUEUE, l
 def controlled(database_url: str, *, n: int, rounds: int, slots: int) -> dict[str, Any]:
     """The drain on a queue whose max_running is the workers' `slots`, and on one whose tasks have
     KEYS keys under max_running_per_key (twice a fair share of the slots, so the claim's turns
-    are measured, not the limit). The workers serve both queues: their hellos made the rows."""
+    are measured, not the limit). The workers serve both queues: their hellos made the rows.
+
+    The rounds take turns with the unlimited drain (unlimited, capped, keyed, then again), and
+    each is compared with the unlimited rounds beside it: the machine's speed drifts over the
+    minutes between separate runs, and a ratio of figures taken apart would measure the drift."""
     from tasks.services import queue_update
 
     per_key = max(1, -(-2 * slots // KEYS))
     queue_update(name=CAPPED_QUEUE, data={"max_running": slots})
     queue_update(name=KEYED_QUEUE, data={"max_running_per_key": per_key})
-    return {
-        "max_running": {**drain(database_url, n=n, rounds=rounds, queue=CAPPED_QUEUE,
-                                label=f"drain, max_running {slots}"), "max_running": slots},
-        "keys": {**drain(database_url, n=n, rounds=rounds, queue=KEYED_QUEUE, keys=KEYS,
-                         label=f"drain, {KEYS} keys"), "keys": KEYS, "max_running_per_key": per_key},
+    sides: dict[str, tuple[str, int, str]] = {
+        "unlimited": (DRAIN_QUEUE, 0, "drain, in turns with the controls"),
+        "max_running": (CAPPED_QUEUE, 0, f"drain, max_running {slots}"),
+        "keys": (KEYED_QUEUE, KEYS, f"drain, {KEYS} keys"),
     }
+    rates: dict[str, list[float]] = {side: [] for side in sides}
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        for r in range(rounds):
+            for side, (queue, keys, label) in sides.items():
+                rates[side].append(drain_round(conn, n=n, queue=queue, keys=keys,
+                                               desc=f"{label} {r + 1}/{rounds}", timeout=max(120.0, n / 50)))
+    out = {side: {**rounds_summary(rates[side], n=n), "min_per_s": min(rates[side]),
+                  "max_per_s": max(rates[side])} for side in sides}
+    out["max_running"]["max_running"] = slots
+    out["keys"].update(keys=KEYS, max_running_per_key=per_key)
+    for side in ("max_running", "keys"):
+        out[side]["ratio"] = out[side]["rate_per_s"] / out["unlimited"]["rate_per_s"]
+    return out
 
 
 # A new task's way from `valka.enqueue` to its handler, hop by hop: (name, from, to), the moments

@@ -27,6 +27,14 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         controlled = drain.controlled(database_url(), n=30, rounds=1, slots=8)
         assert controlled["max_running"]["n"] == 30 and controlled["max_running"]["max_running"] == 8
         assert controlled["keys"]["n"] == 30 and controlled["keys"]["max_running_per_key"] == 1
+        # Each has its unlimited drain beside it, and is compared with that.
+        unlimited = controlled["unlimited"]
+        assert unlimited["n"] == 30 and unlimited["min_per_s"] <= unlimited["rate_per_s"] <= unlimited["max_per_s"]
+        for side in ("max_running", "keys"):
+            assert controlled[side]["ratio"] == controlled[side]["rate_per_s"] / unlimited["rate_per_s"]
+        shown = report.table({"valka": {"controls": controlled}})
+        assert f"|   ÷ the unlimited drain beside it | ratio | ≥ 0.90 | {controlled['max_running']['ratio']:.2f} |" \
+            in shown
         assert Task.objects.filter(queue=drain.KEYED_QUEUE).values("concurrency_key").distinct().count() == 30
         waited = drain.latency(database_url(), count=5, rate=50, hop_log=hop_log)
         # From the call's start a handler cannot have started yet; from its return it can seem to
@@ -73,6 +81,15 @@ def test_the_concurrent_insert_floor_counts_what_its_processes_committed(monkeyp
     finally:
         with psycopg.connect(database_url(), autocommit=True) as conn:
             conn.execute("DROP TABLE IF EXISTS floor_jobs")
+
+
+@pytest.mark.django_db(transaction=True)
+def test_the_tasks_table_insert_floor_writes_its_rows_and_removes_them():
+    from bench import floor
+
+    result = floor.enqueue_tasks_table(database_url(), 5)
+    assert result["count"] == 5 and result["rate_per_s"] > 0
+    assert not Task.objects.filter(queue=floor.TASKS_TABLE_QUEUE).exists()
 
 
 @pytest.mark.django_db(transaction=True)
