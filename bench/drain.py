@@ -4,9 +4,10 @@ Drain: N no-op tasks committed in one transaction while the workers are idle,
 then the time until the last of them is COMPLETED: max(finished_at) minus the
 moment the commit returned. The same drain runs on queues with controls, in
 turns with the unlimited one: one whose max_running is the workers' slots, and
-one whose tasks have 100 concurrency keys under max_running_per_key (`controlled`). Latency: idle workers, `stamp` tasks enqueued one
-by one through the in-process API at a steady pace; the handler's start time
-(in the task's output) minus the moment `enqueue` returned.
+one whose tasks have 100 concurrency keys under max_running_per_key
+(`controlled`). Latency: idle workers, `stamp` tasks enqueued one by one through
+the in-process API at a steady pace; the handler's start time (in the task's
+output) minus the moment `enqueue` returned.
 
 These run in a Django-configured process (the benchmark's, or the smoke test's).
 """

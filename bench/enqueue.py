@@ -7,6 +7,7 @@ so the later workloads start from the same table.
 from __future__ import annotations
 
 import asyncio
+import statistics
 import threading
 import time
 from typing import Any
@@ -55,6 +56,23 @@ def in_process(count: int, threads: int = 1) -> dict[str, Any]:
     if errors:
         raise errors[0]
     return _result(per_thread * threads, seconds, threads=threads)
+
+
+def in_process_in_turns(count: int, *, floor_url: str, database_url: str, rounds: int = 3) -> dict[str, Any]:
+    """`in_process(count)` in turns with the two single-caller figures it is held to
+    (bench/floor.py): the bare INSERT + commit in `floor_url`'s database, and the tasks table's own
+    INSERT + NOTIFY in `database_url`'s, round by round. Measured minutes apart, at the start and
+    the end of a run, their ratio measured the machine's drift as much as the code. Each figure
+    is the median of its rounds."""
+    from bench import floor
+
+    rates: dict[str, list[float]] = {"valka": [], "floor": [], "tasks_table": []}
+    for _ in range(rounds):
+        rates["floor"].append(floor.enqueue_single(floor_url, count)["rate_per_s"])
+        rates["tasks_table"].append(floor.enqueue_tasks_table(database_url, count)["rate_per_s"])
+        rates["valka"].append(in_process(count)["rate_per_s"])
+    return {side: {"rate_per_s": statistics.median(figures), "rounds": figures, "count": count}
+            for side, figures in rates.items()}
 
 
 def rest_single(url: str, api_key: str, count: int, clients: int = 8) -> dict[str, Any]:

@@ -84,6 +84,27 @@ def test_the_concurrent_insert_floor_counts_what_its_processes_committed(monkeyp
 
 
 @pytest.mark.django_db(transaction=True)
+def test_the_single_enqueue_takes_turns_with_its_floors(quiet):
+    import psycopg
+
+    from bench import enqueue
+
+    try:
+        beside = enqueue.in_process_in_turns(4, floor_url=database_url(), database_url=database_url(), rounds=2)
+    finally:
+        with psycopg.connect(database_url(), autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS floor_jobs")
+    for side in ("valka", "floor", "tasks_table"):
+        assert len(beside[side]["rounds"]) == 2 and beside[side]["rate_per_s"] > 0
+    assert Task.objects.filter(queue=enqueue.ENQUEUE_QUEUE).count() == 8
+    enqueue.cleanup(database_url())
+    shown = report.table({"valka": {"enqueue": {"in_process_x1": beside["valka"]},
+                                    "floor": {"enqueue_single": beside["floor"]}}})
+    ratio = beside["valka"]["rate_per_s"] / beside["floor"]["rate_per_s"]
+    assert f"|   ÷ the INSERT + commit floor, 1 caller | ratio | ≥ 0.70 | {ratio:.2f} |" in shown
+
+
+@pytest.mark.django_db(transaction=True)
 def test_the_tasks_table_insert_floor_writes_its_rows_and_removes_them():
     from bench import floor
 
