@@ -188,15 +188,26 @@ def table(results: dict[str, Any]) -> str:
 
 
 def hops_table(results: dict[str, Any]) -> list[str]:
-    """Where an idle-worker latency sample's time went, hop by hop (bench/drain.py HOPS)."""
+    """Where an idle-worker latency sample's time went, hop by hop (bench/drain.py HOPS): the
+    latency workload's, then the big-table comparison's two sides, each side's p50 and p99."""
+    lines = []
     hops = _get(results, "valka", "latency", "hops")
-    if not hops or not hops.get("samples"):
-        return []
-    lines = ["", f"Idle-worker latency, hop by hop ({hops['samples']} tasks; p50 and p99 of each hop, ms):", "",
-             "| hop | p50 | p99 |", "|---|---|---|"]
-    for name, figures in hops.items():
-        if isinstance(figures, dict):
-            lines.append(f"| {name} | {_fmt(figures['p50_ms'], 'ms2')} | {_fmt(figures['p99_ms'], 'ms2')} |")
+    if hops and hops.get("samples"):
+        lines += ["", f"Idle-worker latency, hop by hop ({hops['samples']} tasks; p50 and p99 of each hop, ms):", "",
+                  "| hop | p50 | p99 |", "|---|---|---|"]
+        for name, figures in hops.items():
+            if isinstance(figures, dict):
+                lines.append(f"| {name} | {_fmt(figures['p50_ms'], 'ms2')} | {_fmt(figures['p99_ms'], 'ms2')} |")
+    empty, big = (_get(results, "valka", "scale", "latency", side, "hops") for side in ("empty", "big"))
+    if empty and big and empty.get("samples") and big.get("samples"):
+        lines += ["", f"The big table's latency in turns with the empty one, hop by hop ({empty['samples']} and "
+                  f"{big['samples']} tasks; p50 / p99 of each hop, ms):", "",
+                  "| hop | empty table | big table |", "|---|---|---|"]
+        for name, figures in empty.items():
+            other = big.get(name)
+            if isinstance(figures, dict) and isinstance(other, dict):
+                lines.append(f"| {name} | {_fmt(figures['p50_ms'], 'ms2')} / {_fmt(figures['p99_ms'], 'ms2')} | "
+                             f"{_fmt(other['p50_ms'], 'ms2')} / {_fmt(other['p99_ms'], 'ms2')} |")
     return lines
 
 

@@ -129,7 +129,9 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
         print("seeding the big table ...", file=sys.stderr, flush=True)
         with scale.big_database(url, stack.workdir / "big", finished=opts.finished, future=opts.future,
                                 workers=opts.workers, concurrency=opts.concurrency, queues=queues) as (big, seeded):
+            hop_logs = {"empty": hop_log, "big": stack.workdir / "big" / scale.HOP_LOG}
             out["scale"] = {"seed": seeded, **scale.alternate(url, big, n=opts.n, rounds=opts.scale_rounds,
+                                                              hop_logs=hop_logs,
                                                               latency_count=opts.latency_count,
                                                               latency_rate=opts.latency_rate)}
     if "schedules" not in skip:

@@ -35,6 +35,7 @@ def turns(count: int) -> list[str]:
     goes one way through the block weighs on both sides alike."""
     return [side for i in range(count) for side in (SIDES if i % 2 == 0 else SIDES[::-1])]
 CHUNKS = 4  # latency chunks per side
+HOP_LOG = "hops.jsonl"  # the big side's dispatcher hop log, in its work folder
 # Not counted, on each side before the turns: the big side's processes are new, where the empty
 # side's have run the workloads before.
 WARM_UP_DRAIN = 1000
@@ -96,7 +97,7 @@ def big_database(url: str, workdir: Path, *, finished: int, future: int, workers
         stack.migrate()
         seeded = seed(big_url, finished=finished, future=future, queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE])
         # A hop log, as the main dispatcher has: it costs a line per task sent.
-        _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(workdir / "hops.jsonl"))
+        _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(workdir / HOP_LOG))
         stack.workers(addr, count=workers, concurrency=concurrency, queues=queues, prefix="big")
         yield big_url, seeded
     except BaseException:
@@ -108,9 +109,10 @@ def big_database(url: str, workdir: Path, *, finished: int, future: int, workers
 
 
 def alternate(empty_url: str, big_url: str, *, n: int, rounds: int, latency_count: int, latency_rate: float,
-              chunks: int = CHUNKS) -> dict[str, Any]:
+              chunks: int = CHUNKS, hop_logs: dict[str, Path] | None = None) -> dict[str, Any]:
     """Drain and latency on both sides in turns (`turns`): `rounds` drain rounds of n tasks
-    each, then `latency_count` latency samples each in `chunks` chunks.
+    each, then `latency_count` latency samples each in `chunks` chunks; given each side's
+    dispatcher hop log (`hop_logs`, by side), where each side's latency went, hop by hop.
 
     The side resting meanwhile keeps its processes, idle. Each turn points Django's default
     connection (the enqueue, the counters) at its side's database."""
@@ -135,7 +137,13 @@ def alternate(empty_url: str, big_url: str, *, n: int, rounds: int, latency_coun
         with django_database(urls[side]):
             samples[side].append(drain.stamps(urls[side], count=size, rate=latency_rate,
                                               label=f"latency, {side} table {len(samples[side]) + 1}/{len(sizes)}"))
-    return {"drain": _drain_figures(rates, n), "latency": _latency_figures(samples, latency_rate)}
+    latency = _latency_figures(samples, latency_rate)
+    for side, hop_log in (hop_logs or {}).items():
+        latency[side]["hops"] = drain.hops(hop_log, {str(task_id): {"call": call, "returned": returned,
+                                                                    "started": started}
+                                                     for chunk in samples[side]
+                                                     for task_id, (call, returned, started) in chunk.items()})
+    return {"drain": _drain_figures(rates, n), "latency": latency}
 
 
 def _drain_figures(rates: dict[str, list[float]], n: int) -> dict[str, Any]:

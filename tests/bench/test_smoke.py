@@ -194,7 +194,9 @@ def test_the_big_table_takes_turns_with_the_empty_one(tmp_path, quiet):
         with scale.big_database(database_url(), tmp_path / "big", finished=300, future=30, workers=1,
                                 concurrency=8, queues=queues) as (big_url, seeded):
             assert seeded["rows"] == 330
-            result = scale.alternate(database_url(), big_url, n=20, rounds=1, latency_count=8, latency_rate=50)
+            result = scale.alternate(database_url(), big_url, n=20, rounds=1, latency_count=8, latency_rate=50,
+                                     hop_logs={"empty": tmp_path / "hops.jsonl",
+                                               "big": tmp_path / "big" / scale.HOP_LOG})
             # Each side's tasks went to its own database, through Django and through psycopg alike.
             with psycopg.connect(big_url, autocommit=True) as conn:
                 big_drained = conn.execute("SELECT count(*) FROM tasks WHERE queue = %s AND status = 'COMPLETED'",
@@ -215,9 +217,11 @@ def test_the_big_table_takes_turns_with_the_empty_one(tmp_path, quiet):
         waited = result["latency"][side]
         assert waited["samples"] == 8 and len(waited["chunk_p99_ms"]) == 4
         assert waited["chunk_p99_min_ms"] <= waited["p99_ms"] <= waited["chunk_p99_max_ms"]
+        assert waited["hops"]["samples"] == 8  # each side's dispatcher logged its own tasks' hops
     assert result["drain"]["ratio"] == result["drain"]["big"]["rate_per_s"] / result["drain"]["empty"]["rate_per_s"]
     assert result["latency"]["ratio_p99"] > 0 and result["latency"]["chunks"] == 4
     text = report.table({"valka": {"scale": result}})
     assert "| drain, big table | tasks/s | within 10% |" in text
     assert "|   big ÷ empty (medians) | ratio | ≥ 0.90 |" in text
     assert "| latency p99, big table | ms | within 10% |" in text
+    assert "| hop | empty table | big table |" in text
