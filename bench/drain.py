@@ -108,8 +108,7 @@ def controlled(database_url: str, *, n: int, rounds: int, slots: int) -> dict[st
     with psycopg.connect(database_url, autocommit=True) as conn:
         for r in range(rounds):
             for side, (queue, keys, label) in sides.items():
-                rates[side].append(drain_round(conn, n=n, queue=queue, keys=keys,
-                                               desc=f"{label} {r + 1}/{rounds}", timeout=max(120.0, n / 50)))
+                rates[side].append(drain_round(conn, n=n, queue=queue, keys=keys, desc=f"{label} {r + 1}/{rounds}"))
     out = {side: {**rounds_summary(rates[side], n=n), "min_per_s": min(rates[side]),
                   "max_per_s": max(rates[side])} for side in sides}
     out["max_running"]["max_running"] = slots
@@ -129,9 +128,11 @@ HOPS = (("enqueue: call → return (INSERT, NOTIFY, commit)", "call", "returned"
         ("write done → handler starts (gRPC, the SDK)", "sent", "started"))
 
 
-def hops(hop_log: Path, moments: dict[str, dict[str, float]]) -> dict[str, Any]:
-    """p50/p99 of each of HOPS over the tasks of `moments` (task id → its "call", "returned" and
-    "started" moments) that the dispatcher's hop log (dispatcher/hops.py) names."""
+def hops(hop_log: Path, samples: Moments) -> dict[str, Any]:
+    """p50/p99 of each of HOPS over the tasks of `samples` that the dispatcher's hop log
+    (dispatcher/hops.py) names."""
+    moments = {str(task_id): {"call": call, "returned": returned, "started": started}
+               for task_id, (call, returned, started) in samples.items()}
     for line in hop_log.read_text().splitlines() if hop_log.exists() else []:
         stamps = json.loads(line)
         known = moments.get(stamps.pop("task_id"))
@@ -189,6 +190,5 @@ def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = L
     moments = stamps(database_url, count=count, rate=rate, queue=queue, label=label)
     out = latency_figures(moments, rate)
     if hop_log is not None:
-        out["hops"] = hops(hop_log, {str(task_id): {"call": call, "returned": returned, "started": started}
-                                     for task_id, (call, returned, started) in moments.items()})
+        out["hops"] = hops(hop_log, moments)
     return out

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg
 
 from bench.measure import rounds_summary, wait_until_done
+from tasks.notify import TASK_READY
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS floor_jobs (
@@ -93,7 +94,7 @@ WITH ins AS (
     VALUES (%s, 'noop', '{TASKS_TABLE_QUEUE}', 'PENDING', 0, 3, 0, 300, %s::jsonb, '{{}}', now(), now(), now())
     RETURNING queue, id
 )
-SELECT pg_notify('valka_task_ready', queue || ' ' || id::text) FROM ins
+SELECT pg_notify('{TASK_READY}', queue || ' ' || id::text) FROM ins
 """
 
 

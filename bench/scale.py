@@ -139,10 +139,7 @@ def alternate(empty_url: str, big_url: str, *, n: int, rounds: int, latency_coun
                                               label=f"latency, {side} table {len(samples[side]) + 1}/{len(sizes)}"))
     latency = _latency_figures(samples, latency_rate)
     for side, hop_log in (hop_logs or {}).items():
-        latency[side]["hops"] = drain.hops(hop_log, {str(task_id): {"call": call, "returned": returned,
-                                                                    "started": started}
-                                                     for chunk in samples[side]
-                                                     for task_id, (call, returned, started) in chunk.items()})
+        latency[side]["hops"] = drain.hops(hop_log, {k: v for chunk in samples[side] for k, v in chunk.items()})
     return {"drain": _drain_figures(rates, n), "latency": latency}
 
 

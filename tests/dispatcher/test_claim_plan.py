@@ -45,6 +45,22 @@ def _sorted(sort: dict) -> dict:
     return child
 
 
+def _task_reads(plan: dict) -> list[dict]:
+    return [n for n in nodes(plan) if n.get("Relation Name") == "tasks" and n["Node Type"] != "ModifyTable"]
+
+
+def _rows_read(plan: dict) -> int:
+    """Rows the plan's index reads of tasks went through, those a filter threw away included."""
+    return sum((n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"]
+               for n in _task_reads(plan) if n["Node Type"] != "Tid Scan")
+
+
+def _tasks_update_reads(plan: dict) -> list[str]:
+    """How the UPDATE of tasks reaches its rows: ["Tid Scan"] when by their address."""
+    update = next(n for n in nodes(plan) if n["Node Type"] == "ModifyTable" and n["Relation Name"] == "tasks")
+    return [c["Node Type"] for c in update["Plans"] if c.get("Relation Name") == "tasks"]
+
+
 @pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
 def test_a_claim_after_a_burst_reads_only_what_it_claims(stale_statistics, generic):
     plan = executed_plan(sql.CLAIM, sql.claim_params(queue="plan", limit=100, node_id="plan-test"),
@@ -57,11 +73,10 @@ def test_a_claim_after_a_burst_reads_only_what_it_claims(stale_statistics, gener
     assert all(_sorted(n).get("CTE Name") in ("claimed", "priorities") for n in sorts), shown
     # Each read of tasks is an index scan run once (the pick stops at its limit), except the
     # UPDATE, which reaches each picked row by its address.
-    reads = [n for n in all_nodes if n.get("Relation Name") == "tasks" and n["Node Type"] != "ModifyTable"]
+    reads = _task_reads(plan)
     assert {n["Node Type"] for n in reads} <= {"Index Scan", "Index Only Scan", "Tid Scan"}, shown
     assert all(n["Actual Loops"] == 1 for n in reads if n["Node Type"] != "Tid Scan"), shown
-    update = next(n for n in all_nodes if n["Node Type"] == "ModifyTable")
-    assert [c["Node Type"] for c in update["Plans"] if c.get("Relation Name") == "tasks"] == ["Tid Scan"], shown
+    assert _tasks_update_reads(plan) == ["Tid Scan"], shown
 
 
 def _drained_then_burst() -> None:
@@ -86,8 +101,7 @@ def test_a_claim_planned_on_an_empty_table_reaches_what_it_claims_by_address(gen
                              generic=generic, session=sql.CLAIM_SESSION, planned_before=_drained_then_burst)
     shown = outline(plan)
     assert plan["Actual Rows"] == 100, shown
-    update = next(n for n in nodes(plan) if n["Node Type"] == "ModifyTable")
-    assert [c["Node Type"] for c in update["Plans"] if c.get("Relation Name") == "tasks"] == ["Tid Scan"], shown
+    assert _tasks_update_reads(plan) == ["Tid Scan"], shown
 
 
 def test_tasks_scheduled_for_later_are_not_read_by_a_claim():
@@ -156,10 +170,6 @@ def _limited_plan(queue: str, limit: int, *, generic: bool) -> dict:
                          generic=generic, session=sql.CLAIM_SESSION)
 
 
-def _task_reads(plan: dict) -> list[dict]:
-    return [n for n in nodes(plan) if n.get("Relation Name") == "tasks" and n["Node Type"] != "ModifyTable"]
-
-
 @pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
 def test_a_limited_claim_after_a_burst_reads_only_what_it_claims(stale_statistics, generic):
     Queue.objects.filter(name="plan").update(max_running=5000, rate_limit=10_000)
@@ -170,11 +180,8 @@ def test_a_limited_claim_after_a_burst_reads_only_what_it_claims(stale_statistic
     assert {n["Node Type"] for n in reads} <= {"Index Scan", "Index Only Scan", "Tid Scan"}, shown
     # The pick reads one task more than it claims; nothing is DISPATCHING or RUNNING yet, and the
     # queue's 3,980 finished tasks are not read to count the running ones (nor filtered out).
-    read = sum((n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"]
-               for n in reads if n["Node Type"] != "Tid Scan")
-    assert read <= 101 + 4, shown
-    update = next(n for n in nodes(plan) if n["Node Type"] == "ModifyTable" and n["Relation Name"] == "tasks")
-    assert [c["Node Type"] for c in update["Plans"] if c.get("Relation Name") == "tasks"] == ["Tid Scan"], shown
+    assert _rows_read(plan) <= 101 + 4, shown
+    assert _tasks_update_reads(plan) == ["Tid Scan"], shown
 
 
 @pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
@@ -189,13 +196,9 @@ def test_a_limited_claim_planned_on_an_empty_table_reads_no_finished_task_and_no
     assert plan["Actual Rows"] == 101, shown
     # The running tasks are counted (50), the pick reads one task more than it claims (101), a few
     # probes find the priorities: the 4,000 finished tasks are not read, even to be filtered out.
-    reads = _task_reads(plan)
-    read = sum((n["Actual Rows"] + n.get("Rows Removed by Filter", 0)) * n["Actual Loops"]
-               for n in reads if n["Node Type"] != "Tid Scan")
-    assert read <= 50 + 101 + 4, shown
+    assert _rows_read(plan) <= 50 + 101 + 4, shown
     # The claimed tasks are reached by their address, not by a walk of every PENDING entry.
-    update = next(n for n in nodes(plan) if n["Node Type"] == "ModifyTable" and n["Relation Name"] == "tasks")
-    assert [c["Node Type"] for c in update["Plans"] if c.get("Relation Name") == "tasks"] == ["Tid Scan"], shown
+    assert _tasks_update_reads(plan) == ["Tid Scan"], shown
 
 
 @pytest.fixture
