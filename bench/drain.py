@@ -86,6 +86,22 @@ def drain(database_url: str, *, n: int, rounds: int, queue: str = DRAIN_QUEUE, l
     return rounds_summary(rates, n=n)
 
 
+def drain_in_turns(database_url: str, *, n: int, rounds: int, concurrency: int) -> dict[str, Any]:
+    """`drain`, round by round in turns with the gRPC floor it is held to (bench/grpc_floor.py,
+    `concurrency` in flight as the worker keeps): measured minutes apart, at the start and the end
+    of a run, their ratio measured the machine's drift as much as the code. Answers both, each
+    the median of its rounds."""
+    from bench import grpc_floor
+
+    rates: dict[str, list[float]] = {"drain": [], "grpc_floor": []}
+    with psycopg.connect(database_url, autocommit=True) as conn, grpc_floor.server() as addr:
+        for r in range(rounds):
+            rates["drain"].append(drain_round(conn, n=n, desc=f"drain {r + 1}/{rounds}"))
+            rates["grpc_floor"].append(grpc_floor.round_rate(addr, n=n, concurrency=concurrency))
+    return {"drain": rounds_summary(rates["drain"], n=n),
+            "grpc_floor": rounds_summary(rates["grpc_floor"], n=n, concurrency=concurrency)}
+
+
 def controlled(database_url: str, *, n: int, rounds: int, slots: int) -> dict[str, Any]:
     """The drain on a queue whose max_running is the workers' `slots`, and on one whose tasks have
     KEYS keys under max_running_per_key (twice a fair share of the slots, so the claim's turns

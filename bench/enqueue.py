@@ -75,6 +75,21 @@ def in_process_in_turns(count: int, *, floor_url: str, database_url: str, rounds
             for side, figures in rates.items()}
 
 
+def rest_single_in_turns(url: str, api_key: str, count: int, *, floor_url: str, rounds: int = 3) -> dict[str, Any]:
+    """`rest_single` in turns with the 8-caller INSERT + commit floors (bench/floor.py), with and
+    without a NOTIFY, in `floor_url`'s database, round by round, for the reason
+    `in_process_in_turns` gives. Each figure is the median of its rounds."""
+    from bench import floor
+
+    rates: dict[str, list[float]] = {"rest_x8": [], "enqueue_x8_notify": [], "enqueue_x8": []}
+    for _ in range(rounds):
+        rates["enqueue_x8_notify"].append(floor.enqueue_concurrent(floor_url, notify=True)["rate_per_s"])
+        rates["enqueue_x8"].append(floor.enqueue_concurrent(floor_url, notify=False)["rate_per_s"])
+        rates["rest_x8"].append(rest_single(url, api_key, count)["rate_per_s"])
+    return {side: {"rate_per_s": statistics.median(figures), "rounds": figures, "callers": 8}
+            for side, figures in rates.items()}
+
+
 def rest_single(url: str, api_key: str, count: int, clients: int = 8) -> dict[str, Any]:
     """POST /api/v1/tasks from `clients` concurrent keep-alive connections.
 

@@ -16,6 +16,8 @@ import asyncio
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import grpc
@@ -81,17 +83,29 @@ async def _client(addr: str, n: int, concurrency: int) -> float:
         return seconds
 
 
-def drain(*, n: int, rounds: int, concurrency: int) -> dict[str, Any]:
-    """Median over `rounds` of n round trips ÷ seconds, server and client in separate processes."""
+@contextmanager
+def server() -> Iterator[str]:
+    """The floor's server in a process of its own, for the block; yields its address."""
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", "serve", str(port)], cwd=ROOT,
-                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", "serve", str(port)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: listening(port), 30, "the gRPC floor server")
-        rates = [n / asyncio.run(_client(f"127.0.0.1:{port}", n, concurrency)) for _ in range(rounds)]
+        yield f"127.0.0.1:{port}"
     finally:
-        server.terminate()
-        server.wait(10)
+        proc.terminate()
+        proc.wait(10)
+
+
+def round_rate(addr: str, *, n: int, concurrency: int) -> float:
+    """One round against `server()`'s `addr`: n round trips ÷ seconds."""
+    return n / asyncio.run(_client(addr, n, concurrency))
+
+
+def drain(*, n: int, rounds: int, concurrency: int) -> dict[str, Any]:
+    """Median over `rounds` of n round trips ÷ seconds, server and client in separate processes."""
+    with server() as addr:
+        rates = [round_rate(addr, n=n, concurrency=concurrency) for _ in range(rounds)]
     return rounds_summary(rates, n=n, concurrency=concurrency)
 
 

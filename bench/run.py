@@ -91,11 +91,13 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
         # does not measure again.
         beside = enqueue.in_process_in_turns(opts.enqueue_count, floor_url=create_database(url, "floor"),
                                              database_url=url)
-        out["floor"] = {"enqueue_single": beside["floor"], "enqueue_tasks_table": beside["tasks_table"]}
+        rest = enqueue.rest_single_in_turns(web, key, opts.enqueue_count, floor_url=create_database(url, "floor"))
+        out["floor"] = {"enqueue_single": beside["floor"], "enqueue_tasks_table": beside["tasks_table"],
+                        "enqueue_x8": rest["enqueue_x8"], "enqueue_x8_notify": rest["enqueue_x8_notify"]}
         out["enqueue"] = {
             "in_process_x1": beside["valka"],
             "in_process_x8": enqueue.in_process(opts.enqueue_count * 2, threads=8),
-            "rest_x8": enqueue.rest_single(web, key, opts.enqueue_count),
+            "rest_x8": rest["rest_x8"],
             "rest_batch": enqueue.rest_batch(web, key, opts.batches),
             "grpc_x8": enqueue.grpc_single(addr, opts.enqueue_count),
         }
@@ -108,7 +110,8 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
                           "checks_ns": tracing.checks()}
         tracing.cleanup(url)
     if "drain" not in skip:
-        out["drain"] = drain.drain(url, n=opts.n, rounds=opts.rounds)
+        # In turns with the gRPC floor it is held to, which the floor section then does not measure again.
+        out.update(drain.drain_in_turns(url, n=opts.n, rounds=opts.rounds, concurrency=opts.concurrency))
         out["memory"]["worker_mib"] = memory.rss({"w": workers[0]})["w"]
     if "controls" not in skip:
         out["controls"] = drain.controlled(url, n=opts.n, rounds=opts.rounds, slots=opts.workers * opts.concurrency)
@@ -139,12 +142,14 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
                             "idle": schedules.idle(stack, count=opts.schedules, seconds=opts.schedule_idle_seconds)}
     if "floor" not in skip:
         floor_url = create_database(url, "floor")
-        singles = out.get("floor") or {"enqueue_single": floor.enqueue_single(floor_url, opts.enqueue_count),
-                                       "enqueue_tasks_table": floor.enqueue_tasks_table(url, opts.enqueue_count)}
-        out["floor"] = {**floor.drain(floor_url, n=opts.n, rounds=opts.rounds), **singles,
-                        "enqueue_x8": floor.enqueue_concurrent(floor_url, notify=False),
-                        "enqueue_x8_notify": floor.enqueue_concurrent(floor_url, notify=True)}
-        out["grpc_floor"] = grpc_floor.drain(n=opts.n, rounds=opts.rounds, concurrency=opts.concurrency)
+        beside = out.get("floor") or {
+            "enqueue_single": floor.enqueue_single(floor_url, opts.enqueue_count),
+            "enqueue_tasks_table": floor.enqueue_tasks_table(url, opts.enqueue_count),
+            "enqueue_x8": floor.enqueue_concurrent(floor_url, notify=False),
+            "enqueue_x8_notify": floor.enqueue_concurrent(floor_url, notify=True)}
+        out["floor"] = {**floor.drain(floor_url, n=opts.n, rounds=opts.rounds), **beside}
+        if "grpc_floor" not in out:
+            out["grpc_floor"] = grpc_floor.drain(n=opts.n, rounds=opts.rounds, concurrency=opts.concurrency)
     if "memory" not in skip:
         out["memory"]["idle_workers"] = memory.many_workers(stack, dispatcher, addr, opts.idle_workers)
     return out

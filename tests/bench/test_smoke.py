@@ -22,8 +22,12 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
         stack.workers(addr, count=1, concurrency=8,
                       queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE])
-        drained = drain.drain(database_url(), n=50, rounds=1, timeout=20)
-        assert drained["n"] == 50 and len(drained["rounds"]) == 1 and drained["rate_per_s"] > 0
+        beside = drain.drain_in_turns(database_url(), n=50, rounds=2, concurrency=8)
+        drained, grpc_floor = beside["drain"], beside["grpc_floor"]
+        assert drained["n"] == 50 and len(drained["rounds"]) == 2 and drained["rate_per_s"] > 0
+        assert grpc_floor["concurrency"] == 8 and len(grpc_floor["rounds"]) == 2 and grpc_floor["rate_per_s"] > 0
+        ratio = drained["rate_per_s"] / grpc_floor["rate_per_s"]
+        assert f"|   ÷ the gRPC floor, 1 worker | ratio | ≥ 0.80 | {ratio:.2f} |" in report.table({"valka": beside})
         controlled = drain.controlled(database_url(), n=30, rounds=1, slots=8)
         assert controlled["max_running"]["n"] == 30 and controlled["max_running"]["max_running"] == 8
         assert controlled["keys"]["n"] == 30 and controlled["keys"]["max_running_per_key"] == 1
@@ -115,16 +119,28 @@ def test_the_tasks_table_insert_floor_writes_its_rows_and_removes_them():
 
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(90)
-def test_djangos_task_api_workloads(tmp_path, quiet):
-    from bench import django_tasks
+def test_djangos_task_api_workloads(tmp_path, quiet, monkeypatch):
+    import psycopg
+
+    from bench import django_tasks, enqueue, floor
     from tasks.api.auth import api_key_create
 
+    monkeypatch.setattr(floor, "CONCURRENT_SECONDS", 0.3)
     stack = BenchStack(database_url(), tmp_path)
     try:
         hop_log = tmp_path / "hops.jsonl"
         _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
         _, web = stack.web()
         key = api_key_create(name="bench", scope="write")[1]
+        try:  # REST single, in turns with the 8-caller floors it is held to
+            rest = enqueue.rest_single_in_turns(web, key, 16, floor_url=database_url(), rounds=2)
+        finally:
+            with psycopg.connect(database_url(), autocommit=True) as conn:
+                conn.execute("DROP TABLE IF EXISTS floor_jobs")
+        for side in ("rest_x8", "enqueue_x8", "enqueue_x8_notify"):
+            assert len(rest[side]["rounds"]) == 2 and rest[side]["rate_per_s"] > 0
+        assert Task.objects.filter(queue=enqueue.ENQUEUE_QUEUE).count() == 32
+        enqueue.cleanup(database_url())
         local = django_tasks.enqueue_in_process(20)
         remote = django_tasks.enqueue_remote(web, key, 20)
         for result in (local, remote):
