@@ -102,6 +102,19 @@ async def _authorize(context: grpc.aio.ServicerContext, need: Need) -> None:
 class ApiService(api_pb2_grpc.ApiServiceServicer):
     def __init__(self, fanout: Fanout) -> None:
         self.fanout = fanout  # the node's: its LISTEN connection opens with the first subscriber
+        self.subscribers = 0  # SubscribeEvents and SubscribeLogs streams open on this node
+
+    async def _admit(self, context: grpc.aio.ServicerContext) -> None:
+        """Count a new subscription in, or refuse it past VALKA_MAX_STREAMS open ones, as a web
+        process refuses an event stream or a log tail past it: each holds an inbox that every
+        event is copied into, and a stream, on the node that serves the workers. The caller
+        counts it out when it ends."""
+        if self.subscribers >= valka_settings.MAX_STREAMS:
+            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
+                                f"this dispatcher serves {self.subscribers} subscriptions, its most "
+                                "(VALKA_MAX_STREAMS); subscribe again later, or to another dispatcher")
+        self.subscribers += 1
+
     async def CreateTask(self, request, context):  # noqa: N802
         await _authorize(context, auth.CREATE_TASKS)
         task = await _call(context, create_task, request, dict(context.invocation_metadata() or ()))
@@ -125,6 +138,7 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
     async def SubscribeEvents(self, request, context):  # noqa: N802
         """Every task status change from now on (of `queue_name` if given), until the client leaves."""
         await _authorize(context, auth.READ_TASKS)
+        await self._admit(context)
         inbox = self.fanout.subscribe(TASK_EVENT)
         try:
             await self.fanout.ready()
@@ -138,6 +152,7 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
                     yield protocol.task_event(event)
         finally:
             self.fanout.unsubscribe(TASK_EVENT, inbox)
+            self.subscribers -= 1
 
     async def SubscribeLogs(self, request, context):  # noqa: N802
         """A run's log lines (the earlier ones too with include_history), live until the run ends."""
@@ -147,6 +162,7 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
         exists, _ = await in_thread(selectors.run_state)(run_id=request.task_run_id)
         if not exists:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id} not found")
+        await self._admit(context)
         inbox = self.fanout.subscribe(TASK_LOG)
         try:
             await self.fanout.ready()
@@ -161,6 +177,7 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
                                     "lagged: this subscriber fell behind and is disconnected; subscribe again")
         finally:
             self.fanout.unsubscribe(TASK_LOG, inbox)
+            self.subscribers -= 1
 
     async def SendSignal(self, request, context):  # noqa: N802
         await _authorize(context, SEND_SIGNALS)

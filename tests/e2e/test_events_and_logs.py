@@ -8,6 +8,7 @@ import threading
 
 import grpc
 import httpx
+import pytest
 
 from tasks import services
 from tasks.models import TaskRun
@@ -151,6 +152,36 @@ def test_grpc_subscribe_events_and_logs(stack, tmp_path):
             raise AssertionError("expected NOT_FOUND")
         except grpc.RpcError as err:
             assert err.code() == grpc.StatusCode.NOT_FOUND
+
+
+def test_a_dispatcher_serves_at_most_max_streams_subscriptions(stack):
+    _, addr = stack.dispatcher(VALKA_MAX_STREAMS="2")
+    with grpc.insecure_channel(addr) as channel:
+        api = api_pb2_grpc.ApiServiceStub(channel)
+
+        def subscribe():
+            stream = api.SubscribeEvents(api_pb2.SubscribeEventsRequest())
+            return stream, dict(stream.initial_metadata())  # headers once registered, or the refusal
+
+        held = [subscribe(), subscribe()]
+        assert all(metadata.get("x-valka-subscribed") == "events" for _, metadata in held)
+        refused, metadata = subscribe()
+        assert "x-valka-subscribed" not in metadata
+        with pytest.raises(grpc.RpcError) as err:
+            next(refused)
+        assert err.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED and "VALKA_MAX_STREAMS" in err.value.details()
+
+        held[0][0].cancel()  # counted out once it ends: another is served
+
+        def admitted():
+            stream, metadata = subscribe()
+            if "x-valka-subscribed" in metadata:
+                return stream
+            stream.cancel()
+            return None
+
+        wait_for(admitted, what="a subscription served after one ended").cancel()
+        held[1][0].cancel()
 
 
 def test_sse_log_tail(stack):
