@@ -11,7 +11,8 @@ heartbeats, retries, cancellation, logs, graceful shutdown); this module is its 
   Python instruction); async functions run on the event loop, and a cancel stops them at their
   next `await`;
 - `takes_context` functions get a `ValkaTaskContext`: Django's `TaskContext`, whose `attempt`
-  is Valka's attempt, with the SDK's context as `.valka` (`log()`, `cancelled`, signals);
+  (and its `task_result.attempts`) is Valka's attempt, with the SDK's context as `.valka`
+  (`log()`, `cancelled`, signals);
 - Django's `task_started` and `task_finished` signals are sent around each run;
 - a return value that is not JSON fails the run for good, saying why;
 - Python `logging` inside a task goes to the run's log too.
@@ -51,6 +52,18 @@ class ValkaTaskContext(TaskContext):
     @property
     def attempt(self) -> int:
         return self.valka.attempt
+
+
+class RunningTaskResult(TaskResult):
+    """The `TaskResult` of the run under way, as its signals and a `takes_context` function see it.
+    Django counts `attempts` from `worker_ids`, and a worker knows only its own id: Valka's attempt
+    number says how many runs there have been, this one included."""
+
+    __slots__ = ("_attempt",)
+
+    @property
+    def attempts(self) -> int:
+        return getattr(self, "_attempt", None) or len(self.worker_ids)
 
 
 def _enqueued_at(task_id: str) -> datetime | None:
@@ -124,10 +137,11 @@ class DjangoTasks:
         """The run's TaskResult (RUNNING) and the call of the function with its arguments."""
         args, kwargs = _arguments(ctx)
         now = datetime.now(UTC)
-        result = TaskResult(task=task, id=ctx.task_id, status=TaskResultStatus.RUNNING,
-                            enqueued_at=_enqueued_at(ctx.task_id), started_at=now, finished_at=None,
-                            last_attempted_at=now, args=args, kwargs=kwargs, backend=self.backend_alias,
-                            errors=[], worker_ids=[self.worker_id()])
+        result = RunningTaskResult(task=task, id=ctx.task_id, status=TaskResultStatus.RUNNING,
+                                   enqueued_at=_enqueued_at(ctx.task_id), started_at=now, finished_at=None,
+                                   last_attempted_at=now, args=args, kwargs=kwargs, backend=self.backend_alias,
+                                   errors=[], worker_ids=[self.worker_id()])
+        object.__setattr__(result, "_attempt", ctx.attempt)
         if task.takes_context:
             context = ValkaTaskContext(task_result=result, valka=ctx)
             return result, lambda: task.func(context, *args, **kwargs)

@@ -37,7 +37,7 @@ async def async_add(a, b):
 def flaky(context, succeed_on):
     if context.attempt < succeed_on:
         raise ConnectionError(f"attempt {context.attempt} of {context.task_result.id}")
-    return {"attempt": context.attempt}
+    return {"attempt": context.attempt, "attempts": context.task_result.attempts}
 
 
 class CardDeclined(Exception):
