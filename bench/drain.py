@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -166,9 +167,10 @@ Moments = dict[Any, tuple[float, float, float]]  # task id → (enqueue called, 
 
 
 def stamps(database_url: str, *, count: int, rate: float, queue: str = LATENCY_QUEUE,
-           label: str = "latency") -> Moments:
+           label: str = "latency", beside: Callable[[], object] | None = None) -> Moments:
     """Enqueue `count` stamp tasks at `rate`/s through Django's default connection, which must
-    reach `database_url`, and wait until they are done: each one's moments."""
+    reach `database_url`, and wait until they are done: each one's moments. `beside`, if given,
+    is called half an interval after each enqueue."""
     from tasks.services import task_enqueue
 
     sent: dict[Any, tuple[float, float]] = {}
@@ -178,7 +180,11 @@ def stamps(database_url: str, *, count: int, rate: float, queue: str = LATENCY_Q
         task = task_enqueue(task_name="stamp", queue=queue)
         sent[task.id] = (before, time.time())
 
-    paced(count, rate, f"{label} ({rate:.0f}/s)", send)
+    if beside is None:
+        paced(count, rate, f"{label} ({rate:.0f}/s)", send)
+    else:
+        paced(2 * count, 2 * rate, f"{label} ({rate:.0f}/s, in turns)",
+              lambda i: send(i) if i % 2 == 0 else beside())
     ids = list(sent)
     with psycopg.connect(database_url, autocommit=True) as conn:
         def done() -> int:
@@ -200,11 +206,28 @@ def latency_figures(moments: Moments, rate: float) -> dict[str, Any]:
 
 
 def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = LATENCY_QUEUE,
-            label: str = "latency", hop_log: Path | None = None) -> dict[str, Any]:
+            label: str = "latency", hop_log: Path | None = None, floor_url: str | None = None) -> dict[str, Any]:
     """Enqueue `count` stamp tasks at `rate`/s with idle workers; p50/p99 of start − enqueue, and,
-    given the dispatcher's hop log, where the time went."""
-    moments = stamps(database_url, count=count, rate=rate, queue=queue, label=label)
+    given the dispatcher's hop log, where the time went.
+
+    Given `floor_url`, a bare INSERT + commit in that database (bench/floor.py `commit_timer`)
+    takes turns with the enqueues, half an interval after each: a durable commit's own p50/p99 at
+    the same pace and in the same moments (`commit_floor`), which the figures counted from the
+    enqueue's call cannot beat."""
+    from bench import floor
+
+    commits: list[float] = []
+    if floor_url is None:
+        moments = stamps(database_url, count=count, rate=rate, queue=queue, label=label)
+    else:
+        with psycopg.connect(floor_url, autocommit=True) as conn:
+            conn.execute(floor.SCHEMA)
+            commit = floor.commit_timer(conn)
+            moments = stamps(database_url, count=count, rate=rate, queue=queue, label=label,
+                             beside=lambda: commits.append(commit()))
     out = latency_figures(moments, rate)
+    if commits:
+        out["commit_floor"] = latency_summary(commits)
     if hop_log is not None:
         out["hops"] = hops(hop_log, moments)
     return out

@@ -9,7 +9,8 @@ PostgreSQL holds one lock from a notifying transaction's commit until its commit
 flushed, so notifying commits wait for each other's WAL flush instead of sharing one: the
 two concurrent figures show what that costs enqueue from many callers on this machine. One more
 figure is not bare: one INSERT + NOTIFY + commit per row into Valka's own tasks table, which shows
-what the table's indexes and triggers cost a single enqueue before Valka's Python.
+what the table's indexes and triggers cost a single enqueue before Valka's Python. And the time of
+one bare INSERT + commit, paced in turns with the latency workload's enqueues (`commit_timer`).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import multiprocessing
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
@@ -80,6 +82,19 @@ def enqueue_single(database_url: str, count: int) -> dict[str, Any]:
                          (f'{{"i": {i}}}',))
         seconds = time.perf_counter() - start
     return {"rate_per_s": count / seconds, "count": count}
+
+
+def commit_timer(conn: psycopg.Connection) -> Callable[[], float]:
+    """One bare INSERT + commit per call on `conn` (autocommit, in a database with SCHEMA): its
+    time in ms. The latency workload takes it in turns with its enqueues (bench/drain.py
+    `latency`): a durable commit's own time at the same pace, in the same moments."""
+    def commit() -> float:
+        start = time.perf_counter()
+        conn.execute("INSERT INTO floor_jobs (queue, status, payload) VALUES ('latency', 'pending', '{}')",
+                     prepare=True)
+        return (time.perf_counter() - start) * 1000
+
+    return commit
 
 
 # One task's row in Valka's own tasks table, with the NOTIFY that every enqueue of a task due now

@@ -101,6 +101,12 @@ def rows(results: dict[str, Any]) -> list[Row]:
          peer("latency", "from_call", "p50_ms"), False),
         ("idle-worker latency p99, from enqueue's call", "ms", "≤ Celery", _get(v, "latency", "from_call", "p99_ms"),
          peer("latency", "from_call", "p99_ms"), False),
+        # A bare INSERT + commit, paced in turns with those enqueues (bench/drain.py latency): the
+        # durable commit alone, which the figures from the call include.
+        ("  a bare INSERT + commit beside it, p50", "ms", "", _get(v, "latency", "commit_floor", "p50_ms"), none,
+         False),
+        ("  a bare INSERT + commit beside it, p99", "ms", "", _get(v, "latency", "commit_floor", "p99_ms"), none,
+         False),
         # The big table and the empty one in turns (bench/scale.py): median (min–max of the rounds),
         # and p99 (min–max of the chunks' p99).
         ("drain, empty table, in turns with the big one", "tasks/s", "",

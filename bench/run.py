@@ -124,7 +124,8 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
         out["django"]["worker_mib"] = memory.rss({"w": worker})["w"]
         stack.stop(worker)
     if "latency" not in skip:
-        out["latency"] = drain.latency(url, count=opts.latency_count, rate=opts.latency_rate, hop_log=hop_log)
+        out["latency"] = drain.latency(url, count=opts.latency_count, rate=opts.latency_rate, hop_log=hop_log,
+                                       floor_url=create_database(url, "floor"))
     out["memory"]["dispatcher_mib"] = memory.rss({"d": dispatcher})["d"]
     # The big table in a database of its own, its rounds taking turns with the same workloads
     # on this one (bench/scale.py): the machine's speed drifts over minutes.

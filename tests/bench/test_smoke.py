@@ -16,6 +16,8 @@ def quiet(monkeypatch):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(60)
 def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
+    import psycopg
+
     stack = BenchStack(database_url(), tmp_path)
     try:
         hop_log = tmp_path / "hops.jsonl"
@@ -40,7 +42,14 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         assert f"|   ÷ the unlimited drain beside it | ratio | ≥ 0.90 | {controlled['max_running']['ratio']:.2f} |" \
             in shown
         assert Task.objects.filter(queue=drain.KEYED_QUEUE).values("concurrency_key").distinct().count() == 30
-        waited = drain.latency(database_url(), count=5, rate=50, hop_log=hop_log)
+        try:  # with the bare commit in turns with the enqueues
+            waited = drain.latency(database_url(), count=5, rate=50, hop_log=hop_log, floor_url=database_url())
+            with psycopg.connect(database_url(), autocommit=True) as conn:
+                committed = conn.execute("SELECT count(*) FROM floor_jobs WHERE queue = 'latency'").fetchone()[0]
+        finally:
+            with psycopg.connect(database_url(), autocommit=True) as conn:
+                conn.execute("DROP TABLE IF EXISTS floor_jobs")
+        assert waited["commit_floor"]["samples"] == committed == 5 and waited["commit_floor"]["p50_ms"] > 0
         # From the call's start a handler cannot have started yet; from its return it can seem to
         # have, on a busy machine that runs the worker before the enqueuing thread again.
         assert waited["samples"] == 5 and waited["p50_ms"] <= waited["p99_ms"] < 5000
@@ -49,7 +58,9 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         assert waited["hops"]["samples"] == 5
         hop = waited["hops"][drain.HOPS[3][0]]  # the claim itself
         assert 0 < hop["p50_ms"] <= hop["p99_ms"] < 5000
-        assert "| claim (CLAIM_IDS or CLAIM, one round trip) |" in report.table({"valka": {"latency": waited}})
+        shown = report.table({"valka": {"latency": waited}})
+        assert "| claim (CLAIM_IDS or CLAIM, one round trip) |" in shown
+        assert f"|   a bare INSERT + commit beside it, p99 | ms |  | {waited['commit_floor']['p99_ms']:.1f} |" in shown
     finally:
         stack.stop_all()
 
