@@ -1,5 +1,8 @@
 """The benchmark harness works (tiny sizes, no timing asserted): `make bench` itself is not part of the suite."""
 
+import contextlib
+
+import psycopg
 import pytest
 
 from bench import drain, measure, report
@@ -13,11 +16,19 @@ def quiet(monkeypatch):
     monkeypatch.setattr(measure, "PROGRESS", False)
 
 
+@contextlib.contextmanager
+def floor_table():
+    """For a block that makes the floors' bare table (bench/floor.py) in the test database: drop it after."""
+    try:
+        yield
+    finally:
+        with psycopg.connect(database_url(), autocommit=True) as conn:
+            conn.execute("DROP TABLE IF EXISTS floor_jobs")
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(60)
 def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
-    import psycopg
-
     stack = BenchStack(database_url(), tmp_path)
     try:
         hop_log = tmp_path / "hops.jsonl"
@@ -42,13 +53,10 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         assert f"|   ÷ the unlimited drain beside it | ratio | ≥ 0.90 | {controlled['max_running']['ratio']:.2f} |" \
             in shown
         assert Task.objects.filter(queue=drain.KEYED_QUEUE).values("concurrency_key").distinct().count() == 30
-        try:  # with the bare commit in turns with the enqueues
+        with floor_table():  # with the bare commit in turns with the enqueues
             waited = drain.latency(database_url(), count=5, rate=50, hop_log=hop_log, floor_url=database_url())
             with psycopg.connect(database_url(), autocommit=True) as conn:
                 committed = conn.execute("SELECT count(*) FROM floor_jobs WHERE queue = 'latency'").fetchone()[0]
-        finally:
-            with psycopg.connect(database_url(), autocommit=True) as conn:
-                conn.execute("DROP TABLE IF EXISTS floor_jobs")
         assert waited["commit_floor"]["samples"] == committed == 5 and waited["commit_floor"]["p50_ms"] > 0
         # From the call's start a handler cannot have started yet; from its return it can seem to
         # have, on a busy machine that runs the worker before the enqueuing thread again.
@@ -80,12 +88,10 @@ def test_percentiles_and_the_table():
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(60)
 def test_the_concurrent_insert_floor_counts_what_its_processes_committed(monkeypatch):
-    import psycopg
-
     from bench import floor
 
     monkeypatch.setattr(floor, "CONCURRENT_SECONDS", 0.5)
-    try:
+    with floor_table():
         for notify in (False, True):
             result = floor.enqueue_concurrent(database_url(), callers=2, notify=notify)
             with psycopg.connect(database_url(), autocommit=True) as conn:
@@ -93,22 +99,14 @@ def test_the_concurrent_insert_floor_counts_what_its_processes_committed(monkeyp
                 conn.execute("DELETE FROM floor_jobs")
             assert result["count"] == rows > 0 and result["notify"] is notify
             assert result["rate_per_s"] == rows / 0.5
-    finally:
-        with psycopg.connect(database_url(), autocommit=True) as conn:
-            conn.execute("DROP TABLE IF EXISTS floor_jobs")
 
 
 @pytest.mark.django_db(transaction=True)
 def test_the_single_enqueue_takes_turns_with_its_floors(quiet):
-    import psycopg
-
     from bench import enqueue
 
-    try:
+    with floor_table():
         beside = enqueue.in_process_in_turns(4, floor_url=database_url(), database_url=database_url(), rounds=2)
-    finally:
-        with psycopg.connect(database_url(), autocommit=True) as conn:
-            conn.execute("DROP TABLE IF EXISTS floor_jobs")
     for side in ("valka", "floor", "tasks_table"):
         assert len(beside[side]["rounds"]) == 2 and beside[side]["rate_per_s"] > 0
     assert Task.objects.filter(queue=enqueue.ENQUEUE_QUEUE).count() == 8
@@ -131,8 +129,6 @@ def test_the_tasks_table_insert_floor_writes_its_rows_and_removes_them():
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(90)
 def test_djangos_task_api_workloads(tmp_path, quiet, monkeypatch):
-    import psycopg
-
     from bench import django_tasks, enqueue, floor
     from tasks.api.auth import api_key_create
 
@@ -143,11 +139,8 @@ def test_djangos_task_api_workloads(tmp_path, quiet, monkeypatch):
         _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
         _, web = stack.web()
         key = api_key_create(name="bench", scope="write")[1]
-        try:  # REST single, in turns with the 8-caller floors it is held to
+        with floor_table():  # REST single, in turns with the 8-caller floors it is held to
             rest = enqueue.rest_single_in_turns(web, key, 16, floor_url=database_url(), rounds=2)
-        finally:
-            with psycopg.connect(database_url(), autocommit=True) as conn:
-                conn.execute("DROP TABLE IF EXISTS floor_jobs")
         for side in ("rest_x8", "enqueue_x8", "enqueue_x8_notify"):
             assert len(rest[side]["rounds"]) == 2 and rest[side]["rate_per_s"] > 0
         assert Task.objects.filter(queue=enqueue.ENQUEUE_QUEUE).count() == 32
@@ -209,8 +202,6 @@ def test_what_tracing_costs_on_the_hot_paths(quiet):
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(90)
 def test_the_big_table_takes_turns_with_the_empty_one(tmp_path, quiet):
-    import psycopg
-
     from bench import scale
 
     queues = [drain.DRAIN_QUEUE, drain.LATENCY_QUEUE]
