@@ -132,24 +132,34 @@ INSERT_NOTIFY = ("WITH i AS (" + INSERT + " RETURNING queue) SELECT pg_notify('f
 def enqueue_concurrent(database_url: str, *, callers: int = 8, notify: bool) -> dict[str, Any]:
     """INSERT + commit from `callers` processes (threads would share one interpreter lock) for
     CONCURRENT_SECONDS, each INSERT with a NOTIFY in its statement when `notify`; a connection
-    LISTENs meanwhile, as a dispatcher does."""
+    LISTENs meanwhile, as a dispatcher does.
+
+    The processes start together once all have connected (a barrier): on a busy machine starting
+    them takes seconds, and a caller that started late would have counted nothing in the window."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute(SCHEMA)
         conn.execute("LISTEN floor_ready")
         context = multiprocessing.get_context("spawn")  # a clean process: no inherited connections
-        start = time.time() + 2.0  # time for the processes to start and connect
-        with context.Pool(callers) as pool:
-            counts = pool.starmap(_insert_loop, [(database_url, notify, start, CONCURRENT_SECONDS)] * callers)
-    return {"rate_per_s": sum(counts) / CONCURRENT_SECONDS, "count": sum(counts), "callers": callers,
+        ready, counts = context.Barrier(callers), context.Queue()
+        procs = [context.Process(target=_insert_loop, args=(database_url, notify, CONCURRENT_SECONDS, ready, counts))
+                 for _ in range(callers)]
+        for proc in procs:
+            proc.start()
+        try:
+            total = sum(counts.get(timeout=120) for _ in procs)
+        finally:
+            for proc in procs:
+                proc.join(10)
+    return {"rate_per_s": total / CONCURRENT_SECONDS, "count": total, "callers": callers,
             "notify": notify, "seconds": CONCURRENT_SECONDS}
 
 
-def _insert_loop(database_url: str, notify: bool, start: float, seconds: float) -> int:
+def _insert_loop(database_url: str, notify: bool, seconds: float, ready: Any, counts: Any) -> None:
     statement = INSERT_NOTIFY if notify else INSERT
     with psycopg.connect(database_url, autocommit=True) as conn:
-        time.sleep(max(0.0, start - time.time()))
-        count, end = 0, start + seconds
+        ready.wait(60)
+        count, end = 0, time.time() + seconds
         while time.time() < end:
             conn.execute(statement)
             count += 1
-    return count
+    counts.put(count)
