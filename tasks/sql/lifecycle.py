@@ -20,7 +20,7 @@ WITH live_run AS (
                     set="error_message = COALESCE(%(reason)s, error_message)",
                     returning="*")}
 ), runs AS (
-    UPDATE task_runs SET status = 'CANCELLED', finished_at = now(), error_message = %(reason)s
+    UPDATE task_runs SET status = 'CANCELLED', finished_at = GREATEST(now(), started_at), error_message = %(reason)s
     WHERE task_id IN (SELECT id FROM moved) AND status = 'RUNNING'
     RETURNING id
 )
@@ -34,14 +34,15 @@ FROM moved
 # committed, cannot see the new run. This statement, with a snapshot of its own, can. A run held
 # by someone else right now (a result being written) is skipped rather than waited for: locking
 # it after the task would invert the order of the statements that close runs, and its closer
-# finds the task CANCELLED and leaves it so.
+# finds the task CANCELLED and leaves it so. Such a run started after this transaction's now():
+# it ends no earlier than it started.
 CLOSE_RUN_OF_CANCELLED = """
 WITH live_run AS (
     SELECT r.id FROM task_runs r JOIN tasks t ON t.id = r.task_id
     WHERE r.task_id = %(id)s AND r.finished_at IS NULL AND r.status = 'RUNNING' AND t.status = 'CANCELLED'
     FOR UPDATE OF r SKIP LOCKED
 )
-UPDATE task_runs SET status = 'CANCELLED', finished_at = now(), error_message = %(reason)s
+UPDATE task_runs SET status = 'CANCELLED', finished_at = GREATEST(now(), started_at), error_message = %(reason)s
 WHERE id IN (SELECT id FROM live_run)
 RETURNING id
 """

@@ -43,3 +43,18 @@ def test_a_cancel_waiting_on_a_start_closes_the_run_the_start_wrote():
     assert Task.objects.get(id=task.id).status == "CANCELLED"
     run = TaskRun.objects.get(id=run_id)
     assert (run.status, run.finished_at is not None) == ("CANCELLED", True)
+
+
+def test_a_run_a_cancel_closes_ends_no_earlier_than_it_started():
+    """A cancel whose transaction began before the start it waited for committed (its now() is the
+    earlier) still ends the run at or after the run's start."""
+    from datetime import timedelta
+
+    from django.utils import timezone
+
+    from tests.factories import TaskRunFactory
+
+    run = TaskRunFactory(started_at=timezone.now() + timedelta(seconds=5))
+    services.task_cancel(task_id=run.task_id)
+    run.refresh_from_db()
+    assert run.status == "CANCELLED" and run.finished_at >= run.started_at
