@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
 import grpc
 from django.db.models import Max
 
@@ -104,16 +108,23 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
         self.fanout = fanout  # the node's: its LISTEN connection opens with the first subscriber
         self.subscribers = 0  # SubscribeEvents and SubscribeLogs streams open on this node
 
-    async def _admit(self, context: grpc.aio.ServicerContext) -> None:
-        """Count a new subscription in, or refuse it past VALKA_MAX_STREAMS open ones, as a web
-        process refuses an event stream or a log tail past it: each holds an inbox that every
-        event is copied into, and a stream, on the node that serves the workers. The caller
-        counts it out when it ends."""
+    @contextlib.asynccontextmanager
+    async def _subscription(self, context: grpc.aio.ServicerContext, topic: str) -> AsyncIterator[asyncio.Queue[str]]:
+        """An inbox of the fanout's `topic` for one subscription, counted against VALKA_MAX_STREAMS and
+        refused past that many open ones, as a web process refuses an event stream or a log tail past
+        it: each holds an inbox that every event is copied into, and a stream, on the node that serves
+        the workers. Counted out when the subscription ends."""
         if self.subscribers >= valka_settings.MAX_STREAMS:
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                 f"this dispatcher serves {self.subscribers} subscriptions, its most "
                                 "(VALKA_MAX_STREAMS); subscribe again later, or to another dispatcher")
         self.subscribers += 1
+        inbox = self.fanout.subscribe(topic)
+        try:
+            yield inbox
+        finally:
+            self.fanout.unsubscribe(topic, inbox)
+            self.subscribers -= 1
 
     async def CreateTask(self, request, context):  # noqa: N802
         await _authorize(context, auth.CREATE_TASKS)
@@ -138,9 +149,7 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
     async def SubscribeEvents(self, request, context):  # noqa: N802
         """Every task status change from now on (of `queue_name` if given), until the client leaves."""
         await _authorize(context, auth.READ_TASKS)
-        await self._admit(context)
-        inbox = self.fanout.subscribe(TASK_EVENT)
-        try:
+        async with self._subscription(context, TASK_EVENT) as inbox:
             await self.fanout.ready()
             await context.send_initial_metadata((("x-valka-subscribed", "events"),))
             while True:
@@ -150,9 +159,6 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
                                         "lagged: this subscriber fell behind and is disconnected; subscribe again")
                 for event in decode_events(payload, queue=request.queue_name or None):
                     yield protocol.task_event(event)
-        finally:
-            self.fanout.unsubscribe(TASK_EVENT, inbox)
-            self.subscribers -= 1
 
     async def SubscribeLogs(self, request, context):  # noqa: N802
         """A run's log lines (the earlier ones too with include_history), live until the run ends."""
@@ -162,9 +168,7 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
         exists, _ = await in_thread(selectors.run_state)(run_id=request.task_run_id)
         if not exists:
             await context.abort(grpc.StatusCode.NOT_FOUND, f"run {request.task_run_id} not found")
-        await self._admit(context)
-        inbox = self.fanout.subscribe(TASK_LOG)
-        try:
+        async with self._subscription(context, TASK_LOG) as inbox:
             await self.fanout.ready()
             after = 0 if request.include_history else await in_thread(_last_log_id)(request.task_run_id)
             try:
@@ -175,9 +179,6 @@ class ApiService(api_pb2_grpc.ApiServiceServicer):
             except Lagged:
                 await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
                                     "lagged: this subscriber fell behind and is disconnected; subscribe again")
-        finally:
-            self.fanout.unsubscribe(TASK_LOG, inbox)
-            self.subscribers -= 1
 
     async def SendSignal(self, request, context):  # noqa: N802
         await _authorize(context, SEND_SIGNALS)

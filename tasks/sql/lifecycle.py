@@ -12,6 +12,11 @@ from tasks.states import FINAL_STATES, TaskStatus, guarded_update
 # The live run is locked before the task, the same order as the statements that close runs
 # (tasks.sql.outcomes), so a cancel racing a result waits instead of deadlocking.
 # The NOTIFY tells the dispatcher holding a RUNNING task to stop its worker.
+# -- When a run closed now ends: its start, if that is later than this transaction's now(). A
+# statement that waited for the start's commit (a cancel, a result on another node) may have
+# begun before it, and a run must not end before it began. Every statement that closes runs uses it. --
+RUN_ENDED_AT = "GREATEST(now(), started_at)"
+
 CANCEL_TASK = f"""
 WITH live_run AS (
     SELECT id FROM task_runs WHERE task_id = %(id)s AND finished_at IS NULL AND status = 'RUNNING' FOR UPDATE
@@ -20,7 +25,7 @@ WITH live_run AS (
                     set="error_message = COALESCE(%(reason)s, error_message)",
                     returning="*")}
 ), runs AS (
-    UPDATE task_runs SET status = 'CANCELLED', finished_at = GREATEST(now(), started_at), error_message = %(reason)s
+    UPDATE task_runs SET status = 'CANCELLED', finished_at = {RUN_ENDED_AT}, error_message = %(reason)s
     WHERE task_id IN (SELECT id FROM moved) AND status = 'RUNNING'
     RETURNING id
 )
@@ -34,15 +39,14 @@ FROM moved
 # committed, cannot see the new run. This statement, with a snapshot of its own, can. A run held
 # by someone else right now (a result being written) is skipped rather than waited for: locking
 # it after the task would invert the order of the statements that close runs, and its closer
-# finds the task CANCELLED and leaves it so. Such a run started after this transaction's now():
-# it ends no earlier than it started.
-CLOSE_RUN_OF_CANCELLED = """
+# finds the task CANCELLED and leaves it so. Such a run started after this transaction's now().
+CLOSE_RUN_OF_CANCELLED = f"""
 WITH live_run AS (
     SELECT r.id FROM task_runs r JOIN tasks t ON t.id = r.task_id
     WHERE r.task_id = %(id)s AND r.finished_at IS NULL AND r.status = 'RUNNING' AND t.status = 'CANCELLED'
     FOR UPDATE OF r SKIP LOCKED
 )
-UPDATE task_runs SET status = 'CANCELLED', finished_at = GREATEST(now(), started_at), error_message = %(reason)s
+UPDATE task_runs SET status = 'CANCELLED', finished_at = {RUN_ENDED_AT}, error_message = %(reason)s
 WHERE id IN (SELECT id FROM live_run)
 RETURNING id
 """

@@ -111,7 +111,8 @@ def test_enqueue_run_retry_fail_and_read_the_results(stack, shop):
     assert shop.wait_finished("async_add", summed["id"])["return_value"] == {"sum": 3}
 
     retried = shop.wait_finished("flaky", flaky["id"])
-    assert (retried["status"], retried["return_value"], retried["attempts"]) == ("SUCCESSFUL", {"attempt": 2, "attempts": 2}, 2)
+    assert (retried["status"], retried["return_value"], retried["attempts"]) == \
+        ("SUCCESSFUL", {"attempt": 2, "attempts": 2}, 2)
     assert [e["exception_class_path"] for e in retried["errors"]] == ["builtins.ConnectionError"]
     assert f"ConnectionError: attempt 1 of {flaky['id']}" in retried["errors"][0]["traceback"]
 

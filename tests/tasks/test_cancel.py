@@ -2,15 +2,17 @@
 
 import threading
 import uuid
+from datetime import timedelta
 
 import psycopg
 import pytest
 from django.db import connection
+from django.utils import timezone
 
 from dispatcher import sql as dispatcher_sql
 from tasks import services
 from tasks.models import Task, TaskRun
-from tests.factories import TaskFactory
+from tests.factories import TaskFactory, TaskRunFactory
 from tests.helpers import database_url
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -48,12 +50,6 @@ def test_a_cancel_waiting_on_a_start_closes_the_run_the_start_wrote():
 def test_a_run_a_cancel_closes_ends_no_earlier_than_it_started():
     """A cancel whose transaction began before the start it waited for committed (its now() is the
     earlier) still ends the run at or after the run's start."""
-    from datetime import timedelta
-
-    from django.utils import timezone
-
-    from tests.factories import TaskRunFactory
-
     run = TaskRunFactory(started_at=timezone.now() + timedelta(seconds=5))
     services.task_cancel(task_id=run.task_id)
     run.refresh_from_db()
