@@ -100,7 +100,8 @@ def guarded_update(
     `sources` narrows the statuses a row may come from (each must be a legal
     predecessor of `target`, checked here, at import time of the caller);
     `where` picks the rows (named placeholders such as `%(ids)s`); `set`
-    adds assignments. Final states get `finished_at` unless `set` gives it.
+    adds assignments. Final states get `finished_at` (now, or the task's start if that is
+    later) unless `set` gives it.
     Rows whose status is not among the sources are left alone: that is how
     a lost race shows, as a row missing from RETURNING.
 
@@ -116,12 +117,14 @@ def guarded_update(
     illegal = [s for s in chosen if s not in allowed]
     if illegal or not chosen:
         raise ValueError(f"no transition {illegal or '(none)'} -> {target}")
+    prefix = f"{table}." if from_ else ""
     assignments = [f"status = '{target.value}'", "updated_at = now()"]
     if target in FINAL_STATES and "finished_at" not in set:
-        assignments.append("finished_at = now()")
+        # Not before its start: a statement that waited for the start's commit (a cancel) may have
+        # begun before it. GREATEST skips a NULL start (a task that never ran).
+        assignments.append(f"finished_at = GREATEST(now(), {prefix}started_at)")
     if set:
         assignments.append(set)
-    prefix = f"{table}." if from_ else ""
     guard = f"{prefix}status IN ({_sql_list(chosen)})"
     if by_address:
         guard = f"({guard}) IS TRUE"  # the same rows; not an index condition

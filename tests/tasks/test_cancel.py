@@ -50,7 +50,10 @@ def test_a_cancel_waiting_on_a_start_closes_the_run_the_start_wrote():
 def test_a_run_a_cancel_closes_ends_no_earlier_than_it_started():
     """A cancel whose transaction began before the start it waited for committed (its now() is the
     earlier) still ends the run at or after the run's start."""
-    run = TaskRunFactory(started_at=timezone.now() + timedelta(seconds=5))
+    started = timezone.now() + timedelta(seconds=5)
+    run = TaskRunFactory(started_at=started, task__started_at=started)
     services.task_cancel(task_id=run.task_id)
     run.refresh_from_db()
     assert run.status == "CANCELLED" and run.finished_at >= run.started_at
+    task = Task.objects.get(id=run.task_id)  # the task's own times too
+    assert task.status == "CANCELLED" and task.finished_at >= task.started_at == started
