@@ -18,7 +18,10 @@ with CLAIM_LIMITED, one claim of it at a time across the cluster, or not at all 
 Its claim says when to look again: its rate window's next opening (a timer here), or, while a
 running limit holds it back, the NOTIFY valka_queue_slot_freed that a task's written end sends (a
 result here frees no slot of such a queue before then). A rate-limited queue is claimed again once the
-tasks of its last claim have started, which keeps the window's stamps close to the starts.
+tasks of its last claim have started, which keeps the window's stamps close to the starts. A rate
+limit that claims not yet started fill (another node's, whose starts this node does not see) gives
+no opening to wait for: the queue is claimed again after `unstarted_retry`, by when they have
+started and count in the window as stamps, which say when it opens.
 The claims a limit held back are counted, and written at most once a second.
 """
 
@@ -62,6 +65,7 @@ class ClaimerSettings:
     gather: float = 0.010  # seconds a pass for freed slots may wait for more (see the module's docstring)
     floor_ttl: float = 1.0  # seconds a claim floor lasts (see Floor)
     limited_every: float = 1.0  # seconds between writes of the claims a limit held back
+    unstarted_retry: float = 0.05  # seconds before a rate-limited claim that unstarted claims held back looks again
 
 
 async def claim(conn: AsyncConnection, *, queue: str, limit: int, node_id: str,
@@ -417,6 +421,8 @@ class Claimer:
             self._held_by_running.discard(queue)
         if answer.retry_in is not None:
             self._retry_at[queue] = asyncio.get_running_loop().time() + answer.retry_in
+        elif answer.held == "rate_limit":
+            self._retry_at[queue] = asyncio.get_running_loop().time() + self.settings.unstarted_retry
         if not rows:
             return 0
         entries = self._hand_out(queue, rows, sessions, began)

@@ -109,6 +109,24 @@ def test_a_rate_limited_queue_is_claimed_again_when_its_window_opens():
     assert waiters, "after a claim it waits for the starts, to stamp them"
 
 
+def test_a_rate_limit_that_unstarted_claims_fill_is_claimed_again_soon():
+    """Claims not yet started (another node's, say) fill the window: no stamp says when it opens,
+    so the queue is looked at again shortly rather than at the next poll."""
+    task_enqueue_many([{"task_name": "t", "queue": "q"}] * 10)
+    _settings("q", rate_limit=4, rate_period_seconds=30)
+
+    async def body(claimer, slots):
+        claimed = await claimer.claim_queue("q")  # four claimed, none started
+        slots.taken = 0
+        again = await claimer.claim_queue("q")
+        loop = asyncio.get_running_loop()
+        return claimed, again, claimer._retry_at["q"] - loop.time()
+
+    claimed, again, retry_in = asyncio.run(_with_claimer(body))
+    assert (claimed, again) == (4, 0)
+    assert 0 < retry_in <= 0.05
+
+
 def test_while_a_running_limit_holds_a_queue_back_a_result_frees_no_slot_until_its_end_is_written():
     task_enqueue_many([{"task_name": "t", "queue": "q"}] * 3)
     _settings("q", max_running=1)
