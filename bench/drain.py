@@ -15,6 +15,7 @@ These run in a Django-configured process (the benchmark's, or the smoke test's).
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from datetime import datetime
@@ -23,6 +24,8 @@ from typing import Any
 
 import psycopg
 
+from bench import cpu
+from bench.cpu import per_task
 from bench.measure import latency_summary, paced, percentile, rounds_summary, wait_until_done
 
 DRAIN_QUEUE = "drain"
@@ -66,13 +69,20 @@ def _completed_counter(queue: str) -> int:
 
 
 def drain_round(conn: psycopg.Connection, *, n: int, queue: str = DRAIN_QUEUE, desc: str = "drain",
-                timeout: float | None = None, task_name: str = "noop", keys: int = 0) -> float:
+                timeout: float | None = None, task_name: str = "noop", keys: int = 0,
+                cpu: Callable[[], dict[str, float]] | None = None, spent: list[dict[str, float]] | None = None,
+                ) -> float:
     """One round: n / (last finished_at − commit time). `conn` is a psycopg connection to the
-    database Django's default connection reaches, where the tasks are enqueued and counted."""
+    database Django's default connection reaches, where the tasks are enqueued and counted.
+    With `cpu` (a bench.cpu sampler), the CPU each group spent per task from the commit until
+    the last task was counted is appended to `spent`."""
     since = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
     before = _completed_counter(queue)
     t0 = enqueue_committed(n, queue, task_name, keys=keys)
+    at_commit = cpu() if cpu is not None else {}
     wait_until_done(lambda: _completed_counter(queue) - before, n, desc, timeout or max(120.0, n / 50))
+    if cpu is not None and spent is not None:
+        spent.append(per_task(at_commit, cpu(), n))
     done, last = _completed_since(conn, queue, since)
     assert last is not None and done == n
     return n / max(last.timestamp() - t0, 1e-6)
@@ -87,20 +97,31 @@ def drain(database_url: str, *, n: int, rounds: int, queue: str = DRAIN_QUEUE, l
     return rounds_summary(rates, n=n)
 
 
-def drain_in_turns(database_url: str, *, n: int, rounds: int, concurrency: int) -> dict[str, Any]:
+def drain_in_turns(database_url: str, *, n: int, rounds: int, concurrency: int,
+                   processes: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """`drain`, round by round in turns with the gRPC floor it is held to (bench/grpc_floor.py,
     `concurrency` in flight as the worker keeps): measured minutes apart, at the start and the end
     of a run, their ratio measured the machine's drift as much as the code. Answers both, each
-    the median of its rounds."""
+    the median of its rounds, with the CPU each side's processes spent per task (bench/cpu.py):
+    the drain's `processes` (by name: the dispatcher, the workers), PostgreSQL and this process
+    (the rounds' enqueue and counting), the floor's server and client (this process)."""
     from bench import grpc_floor
 
     rates: dict[str, list[float]] = {"drain": [], "grpc_floor": []}
-    with psycopg.connect(database_url, autocommit=True) as conn, grpc_floor.server() as addr:
+    spent: dict[str, list[dict[str, float]]] = {"drain": [], "grpc_floor": []}
+    drain_cpu = cpu.sampler({**(processes or {}), "benchmark": [os.getpid()]},
+                            postgres=cpu.postmaster(database_url))
+    with psycopg.connect(database_url, autocommit=True) as conn, grpc_floor.server() as (addr, server_pid):
+        floor_cpu = cpu.sampler({"server": [server_pid], "client": [os.getpid()]})
         for r in range(rounds):
-            rates["drain"].append(drain_round(conn, n=n, desc=f"drain {r + 1}/{rounds}"))
+            rates["drain"].append(drain_round(conn, n=n, desc=f"drain {r + 1}/{rounds}", cpu=drain_cpu,
+                                              spent=spent["drain"]))
+            before = floor_cpu()
             rates["grpc_floor"].append(grpc_floor.round_rate(addr, n=n, concurrency=concurrency))
-    return {"drain": rounds_summary(rates["drain"], n=n),
-            "grpc_floor": rounds_summary(rates["grpc_floor"], n=n, concurrency=concurrency)}
+            spent["grpc_floor"].append(cpu.per_task(before, floor_cpu(), n))
+    return {"drain": {**rounds_summary(rates["drain"], n=n), "cpu_us_per_task": cpu.medians(spent["drain"])},
+            "grpc_floor": {**rounds_summary(rates["grpc_floor"], n=n, concurrency=concurrency),
+                           "cpu_us_per_task": cpu.medians(spent["grpc_floor"])}}
 
 
 def controlled(database_url: str, *, n: int, rounds: int, slots: int) -> dict[str, Any]:

@@ -84,14 +84,14 @@ async def _client(addr: str, n: int, concurrency: int) -> float:
 
 
 @contextmanager
-def server() -> Iterator[str]:
-    """The floor's server in a process of its own, for the block; yields its address."""
+def server() -> Iterator[tuple[str, int]]:
+    """The floor's server in a process of its own, for the block; yields its address and pid."""
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "bench.grpc_floor", "serve", str(port)], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         wait_for(lambda: listening(port), 30, "the gRPC floor server")
-        yield f"127.0.0.1:{port}"
+        yield f"127.0.0.1:{port}", proc.pid
     finally:
         proc.terminate()
         proc.wait(10)
@@ -104,7 +104,7 @@ def round_rate(addr: str, *, n: int, concurrency: int) -> float:
 
 def drain(*, n: int, rounds: int, concurrency: int) -> dict[str, Any]:
     """Median over `rounds` of n round trips ÷ seconds, server and client in separate processes."""
-    with server() as addr:
+    with server() as (addr, _):
         rates = [round_rate(addr, n=n, concurrency=concurrency) for _ in range(rounds)]
     return rounds_summary(rates, n=n, concurrency=concurrency)
 

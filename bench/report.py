@@ -73,6 +73,17 @@ def rows(results: dict[str, Any]) -> list[Row]:
         ("drain (no-op tasks)", "tasks/s", "", _get(v, "drain", "rate_per_s"),
          peer("drain", "rate_per_s"), True),
         ("  ÷ the gRPC floor, 1 worker", "ratio", "≥ 0.80", _ratio_of(v, ("drain",), ("grpc_floor",)), none, True),
+        # Where each side's CPU goes, per task (bench/cpu.py): the ratio above is about the inverse of
+        # the totals' ratio, both sides keeping the two cores busy.
+        ("  CPU per task: dispatcher", "µs CPU", "", _get(v, "drain", "cpu_us_per_task", "dispatcher"), none,
+         False),
+        ("  CPU per task: worker", "µs CPU", "", _get(v, "drain", "cpu_us_per_task", "worker"), none, False),
+        ("  CPU per task: PostgreSQL", "µs CPU", "", _get(v, "drain", "cpu_us_per_task", "postgres"), none,
+         False),
+        ("  CPU per task: all, the benchmark's counting too", "µs CPU", "",
+         _get(v, "drain", "cpu_us_per_task", "total"), none, False),
+        ("  the gRPC floor's CPU per task: server + client", "µs CPU", "",
+         _get(v, "grpc_floor", "cpu_us_per_task", "total"), none, False),
         ("Django Task.enqueue(), in-process, 1 caller", "tasks/s", "", _get(v, "django", "enqueue_in_process",
          "rate_per_s"), peer("django_enqueue", "rate_per_s"), True),
         ("  ÷ valka.enqueue beside it", "ratio", "≥ 0.80", _get(v, "django", "enqueue_in_process", "ratio"),

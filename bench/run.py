@@ -111,7 +111,9 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
         tracing.cleanup(url)
     if "drain" not in skip:
         # In turns with the gRPC floor it is held to, which the floor section then does not measure again.
-        out.update(drain.drain_in_turns(url, n=opts.n, rounds=opts.rounds, concurrency=opts.concurrency))
+        out.update(drain.drain_in_turns(url, n=opts.n, rounds=opts.rounds, concurrency=opts.concurrency,
+                                        processes={"dispatcher": [dispatcher.pid],
+                                                   "worker": [w.pid for w in workers]}))
         out["memory"]["worker_mib"] = memory.rss({"w": workers[0]})["w"]
     if "controls" not in skip:
         out["controls"] = drain.controlled(url, n=opts.n, rounds=opts.rounds, slots=opts.workers * opts.concurrency)

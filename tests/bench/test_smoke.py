@@ -32,13 +32,20 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
     stack = BenchStack(database_url(), tmp_path)
     try:
         hop_log = tmp_path / "hops.jsonl"
-        _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
-        stack.workers(addr, count=1, concurrency=8,
-                      queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE])
-        beside = drain.drain_in_turns(database_url(), n=50, rounds=2, concurrency=8)
+        dispatcher, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
+        workers = stack.workers(addr, count=1, concurrency=8,
+                                queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE])
+        beside = drain.drain_in_turns(database_url(), n=50, rounds=2, concurrency=8,
+                                      processes={"dispatcher": [dispatcher.pid], "worker": [w.pid for w in workers]})
         drained, grpc_floor = beside["drain"], beside["grpc_floor"]
         assert drained["n"] == 50 and len(drained["rounds"]) == 2 and drained["rate_per_s"] > 0
         assert grpc_floor["concurrency"] == 8 and len(grpc_floor["rounds"]) == 2 and grpc_floor["rate_per_s"] > 0
+        # The CPU by process, per task (a few clock ticks at these sizes: their sum is what is checked).
+        spent = drained["cpu_us_per_task"]
+        assert set(spent) == {"dispatcher", "worker", "postgres", "benchmark", "total"}
+        assert spent["total"] > 0 and min(spent.values()) >= 0
+        assert set(grpc_floor["cpu_us_per_task"]) == {"server", "client", "total"}
+        assert grpc_floor["cpu_us_per_task"]["total"] > 0
         ratio = drained["rate_per_s"] / grpc_floor["rate_per_s"]
         assert f"|   ÷ the gRPC floor, 1 worker | ratio | ≥ 0.80 | {ratio:.2f} |" in report.table({"valka": beside})
         controlled = drain.controlled(database_url(), n=30, rounds=1, slots=8)
@@ -71,6 +78,33 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         assert f"|   a bare INSERT + commit beside it, p99 | ms |  | {waited['commit_floor']['p99_ms']:.1f} |" in shown
     finally:
         stack.stop_all()
+
+
+@pytest.mark.django_db(transaction=True)
+@pytest.mark.timeout(60)
+def test_cpu_is_counted_for_a_process_and_for_postgresql():
+    import subprocess
+    import sys
+    import time
+
+    from bench import cpu
+
+    busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.4\n"
+                             "while time.process_time() < end: pass\ntime.sleep(30)"])
+    try:
+        sample = cpu.sampler({"busy": [busy.pid]}, postgres=cpu.postmaster(database_url()))
+        first = sample()
+        with psycopg.connect(database_url()) as conn:  # a backend that works, then ends
+            conn.execute("SELECT count(*) FROM generate_series(1, 3000000)").fetchone()
+        time.sleep(0.6)  # the busy process is done; the backend's end has been reaped
+        last = sample()
+    finally:
+        busy.kill()
+        busy.wait()
+    assert last["busy"] >= 0.35
+    assert cpu.per_task(first, last, 2)["postgres"] >= 0.05e6  # the ended backend's work, by task of 2
+    assert cpu.medians([{"a": 1.0, "b": 2.0}, {"a": 3.0, "b": 4.0}, {"a": 2.0, "b": 9.0}]) == \
+        {"a": 2.0, "b": 4.0, "total": 7.0}
 
 
 def test_percentiles_and_the_table():
