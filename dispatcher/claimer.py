@@ -21,7 +21,8 @@ result here frees no slot of such a queue before then). A rate-limited queue is 
 tasks of its last claim have started, which keeps the window's stamps close to the starts. A rate
 limit that claims not yet started fill (another node's, whose starts this node does not see) gives
 no opening to wait for: the queue is claimed again after `unstarted_retry`, by when they have
-started and count in the window as stamps, which say when it opens.
+usually started and count in the window as stamps, which say when it opens; the wait doubles each
+time it finds them still unstarted (a claim held until the reaper puts it back), up to the poll.
 The claims a limit held back are counted, and written at most once a second.
 """
 
@@ -162,6 +163,7 @@ class Claimer:
         self._floors: dict[str, Floor] = {}
         self._gathering = False
         self._retry_at: dict[str, float] = {}  # when a rate-limited queue's window opens again
+        self._unstarted_wait: dict[str, float] = {}  # the next wait for a window unstarted claims fill
         self._limited: Counter[tuple[str, str]] = Counter()  # (queue, limit): claims held back, not yet written
         self._limited_at = 0.0
         self._waiters: set[asyncio.Task] = set()
@@ -421,8 +423,12 @@ class Claimer:
             self._held_by_running.discard(queue)
         if answer.retry_in is not None:
             self._retry_at[queue] = asyncio.get_running_loop().time() + answer.retry_in
-        elif answer.held == "rate_limit":
-            self._retry_at[queue] = asyncio.get_running_loop().time() + self.settings.unstarted_retry
+        if answer.held == "rate_limit" and answer.retry_in is None:
+            wait = self._unstarted_wait.get(queue, self.settings.unstarted_retry)
+            self._retry_at[queue] = asyncio.get_running_loop().time() + wait
+            self._unstarted_wait[queue] = min(wait * 2, self.settings.poll_interval)
+        else:
+            self._unstarted_wait.pop(queue, None)
         if not rows:
             return 0
         entries = self._hand_out(queue, rows, sessions, began)

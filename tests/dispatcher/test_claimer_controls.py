@@ -116,15 +116,18 @@ def test_a_rate_limit_that_unstarted_claims_fill_is_claimed_again_soon():
     _settings("q", rate_limit=4, rate_period_seconds=30)
 
     async def body(claimer, slots):
-        claimed = await claimer.claim_queue("q")  # four claimed, none started
-        slots.taken = 0
-        again = await claimer.claim_queue("q")
         loop = asyncio.get_running_loop()
-        return claimed, again, claimer._retry_at["q"] - loop.time()
+        claimed = await claimer.claim_queue("q")  # four claimed, none started: they fill the window
+        waits = [claimer._retry_at["q"] - loop.time()]
+        slots.taken = 0
+        for _ in range(2):  # still unstarted each time: the wait doubles
+            assert await claimer.claim_queue("q") == 0
+            waits.append(claimer._retry_at["q"] - loop.time())
+        return claimed, waits
 
-    claimed, again, retry_in = asyncio.run(_with_claimer(body))
-    assert (claimed, again) == (4, 0)
-    assert 0 < retry_in <= 0.05
+    claimed, waits = asyncio.run(_with_claimer(body))
+    assert claimed == 4
+    assert 0 < waits[0] <= 0.05 and 0.05 < waits[1] <= 0.1 and 0.1 < waits[2] <= 0.2
 
 
 def test_while_a_running_limit_holds_a_queue_back_a_result_frees_no_slot_until_its_end_is_written():
