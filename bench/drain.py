@@ -25,7 +25,6 @@ from typing import Any
 import psycopg
 
 from bench import cpu
-from bench.cpu import per_task
 from bench.measure import latency_summary, paced, percentile, rounds_summary, wait_until_done
 
 DRAIN_QUEUE = "drain"
@@ -70,19 +69,19 @@ def _completed_counter(queue: str) -> int:
 
 def drain_round(conn: psycopg.Connection, *, n: int, queue: str = DRAIN_QUEUE, desc: str = "drain",
                 timeout: float | None = None, task_name: str = "noop", keys: int = 0,
-                cpu: Callable[[], dict[str, float]] | None = None, spent: list[dict[str, float]] | None = None,
+                sample: Callable[[], dict[str, float]] | None = None, spent: list[dict[str, float]] | None = None,
                 ) -> float:
     """One round: n / (last finished_at − commit time). `conn` is a psycopg connection to the
     database Django's default connection reaches, where the tasks are enqueued and counted.
-    With `cpu` (a bench.cpu sampler), the CPU each group spent per task from the commit until
+    With `sample` (a bench.cpu sampler), the CPU each group spent per task from the commit until
     the last task was counted is appended to `spent`."""
     since = conn.execute("SELECT now()").fetchone()[0]  # type: ignore[index]
     before = _completed_counter(queue)
     t0 = enqueue_committed(n, queue, task_name, keys=keys)
-    at_commit = cpu() if cpu is not None else {}
+    at_commit = sample() if sample is not None else {}
     wait_until_done(lambda: _completed_counter(queue) - before, n, desc, timeout or max(120.0, n / 50))
-    if cpu is not None and spent is not None:
-        spent.append(per_task(at_commit, cpu(), n))
+    if sample is not None and spent is not None:
+        spent.append(cpu.per_task(at_commit, sample(), n))
     done, last = _completed_since(conn, queue, since)
     assert last is not None and done == n
     return n / max(last.timestamp() - t0, 1e-6)
@@ -114,7 +113,7 @@ def drain_in_turns(database_url: str, *, n: int, rounds: int, concurrency: int,
     with psycopg.connect(database_url, autocommit=True) as conn, grpc_floor.server() as (addr, server_pid):
         floor_cpu = cpu.sampler({"server": [server_pid], "client": [os.getpid()]})
         for r in range(rounds):
-            rates["drain"].append(drain_round(conn, n=n, desc=f"drain {r + 1}/{rounds}", cpu=drain_cpu,
+            rates["drain"].append(drain_round(conn, n=n, desc=f"drain {r + 1}/{rounds}", sample=drain_cpu,
                                               spent=spent["drain"]))
             before = floor_cpu()
             rates["grpc_floor"].append(grpc_floor.round_rate(addr, n=n, concurrency=concurrency))

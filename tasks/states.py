@@ -63,6 +63,14 @@ ACTIVE_STATES: frozenset[TaskStatus] = frozenset(TaskStatus) - FINAL_STATES
 REPLAYABLE: tuple[TaskStatus, ...] = (S.DEAD_LETTER, S.FAILED, S.CANCELLED)
 
 
+def ended_at(prefix: str = "") -> str:
+    """When a task or a run that ends now ends: at now(), or at its start if that is later. A
+    statement that waited for the start's commit (a cancel, a result on another node) may have
+    begun before it, and nothing may end before it began. GREATEST skips a NULL start (a task
+    that never ran). `prefix` qualifies the column (`"tasks."`)."""
+    return f"GREATEST(now(), {prefix}started_at)"
+
+
 def can_transition(source: str, target: str) -> bool:
     return TaskStatus(target) in TRANSITIONS[TaskStatus(source)]
 
@@ -120,9 +128,7 @@ def guarded_update(
     prefix = f"{table}." if from_ else ""
     assignments = [f"status = '{target.value}'", "updated_at = now()"]
     if target in FINAL_STATES and "finished_at" not in set:
-        # Not before its start: a statement that waited for the start's commit (a cancel) may have
-        # begun before it. GREATEST skips a NULL start (a task that never ran).
-        assignments.append(f"finished_at = GREATEST(now(), {prefix}started_at)")
+        assignments.append(f"finished_at = {ended_at(prefix)}")
     if set:
         assignments.append(set)
     guard = f"{prefix}status IN ({_sql_list(chosen)})"

@@ -6,16 +6,14 @@ the move), and the caller reports that instead of guessing.
 """
 
 from tasks.notify import TASK_CANCELLED
-from tasks.states import FINAL_STATES, TaskStatus, guarded_update
+from tasks.states import FINAL_STATES, TaskStatus, ended_at, guarded_update
 
 # -- Cancel one task (PENDING, DISPATCHING or RUNNING) and close its live run. --
 # The live run is locked before the task, the same order as the statements that close runs
 # (tasks.sql.outcomes), so a cancel racing a result waits instead of deadlocking.
 # The NOTIFY tells the dispatcher holding a RUNNING task to stop its worker.
-# -- When a run closed now ends: its start, if that is later than this transaction's now(). A
-# statement that waited for the start's commit (a cancel, a result on another node) may have
-# begun before it, and a run must not end before it began. Every statement that closes runs uses it. --
-RUN_ENDED_AT = "GREATEST(now(), started_at)"
+# -- When a run closed now ends (tasks.states.ended_at). Every statement that closes runs uses it. --
+RUN_ENDED_AT = ended_at()
 
 CANCEL_TASK = f"""
 WITH live_run AS (
