@@ -44,9 +44,9 @@ def seconds(pid: int, *, children: bool = False) -> float:
 
 def postmaster(database_url: str) -> int:
     """The pid of the postmaster serving `database_url`: the parent of a backend of ours."""
-    with psycopg.connect(database_url) as conn:
+    with psycopg.connect(database_url) as conn:  # read while the backend is alive
         backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]  # type: ignore[index]
-    fields = _stat(backend)
+        fields = _stat(backend)
     if fields is None:
         raise RuntimeError(f"backend {backend} of {database_url} is not visible in /proc")
     return int(fields[1])  # ppid

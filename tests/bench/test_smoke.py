@@ -85,23 +85,29 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
 def test_cpu_is_counted_for_a_process_and_for_postgresql():
     import subprocess
     import sys
-    import time
+    from pathlib import Path
 
     from bench import cpu
+    from valka.devdb import wait_for
 
     busy = subprocess.Popen([sys.executable, "-c", "import time\nend = time.process_time() + 0.4\n"
-                             "while time.process_time() < end: pass\ntime.sleep(30)"])
+                             "while time.process_time() < end: pass\nprint('done', flush=True)\ntime.sleep(60)"],
+                            stdout=subprocess.PIPE, text=True)
     try:
         sample = cpu.sampler({"busy": [busy.pid]}, postgres=cpu.postmaster(database_url()))
         first = sample()
         with psycopg.connect(database_url()) as conn:  # a backend that works, then ends
+            backend = conn.execute("SELECT pg_backend_pid()").fetchone()[0]
             conn.execute("SELECT count(*) FROM generate_series(1, 3000000)").fetchone()
-        time.sleep(0.6)  # the busy process is done; the backend's end has been reaped
+        assert busy.stdout.readline() == "done\n"  # its 0.4 s of CPU are spent
+        # Gone from /proc once the postmaster has reaped it, and its CPU has moved to the postmaster's count.
+        wait_for(lambda: not Path(f"/proc/{backend}").exists(), 30, "the backend's end")
         last = sample()
     finally:
         busy.kill()
         busy.wait()
-    assert last["busy"] >= 0.35
+        busy.stdout.close()
+    assert last["busy"] >= 0.39
     assert cpu.per_task(first, last, 2)["postgres"] >= 0.05e6  # the ended backend's work, by task of 2
     assert cpu.medians([{"a": 1.0, "b": 2.0}, {"a": 3.0, "b": 4.0}, {"a": 2.0, "b": 9.0}]) == \
         {"a": 2.0, "b": 4.0, "total": 7.0}
