@@ -421,14 +421,15 @@ class Claimer:
             self._held_by_running.add(queue)
         else:
             self._held_by_running.discard(queue)
-        if answer.retry_in is not None:
-            self._retry_at[queue] = asyncio.get_running_loop().time() + answer.retry_in
-        if answer.held == "rate_limit" and answer.retry_in is None:
+        now = asyncio.get_running_loop().time()
+        if answer.held == "rate_limit" and answer.retry_in is None:  # unstarted claims: no opening to wait for
             wait = self._unstarted_wait.get(queue, self.settings.unstarted_retry)
-            self._retry_at[queue] = asyncio.get_running_loop().time() + wait
+            self._retry_at[queue] = now + wait
             self._unstarted_wait[queue] = min(wait * 2, self.settings.poll_interval)
         else:
             self._unstarted_wait.pop(queue, None)
+            if answer.retry_in is not None:
+                self._retry_at[queue] = now + answer.retry_in
         if not rows:
             return 0
         entries = self._hand_out(queue, rows, sessions, began)

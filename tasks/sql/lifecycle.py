@@ -12,9 +12,7 @@ from tasks.states import FINAL_STATES, TaskStatus, ended_at, guarded_update
 # The live run is locked before the task, the same order as the statements that close runs
 # (tasks.sql.outcomes), so a cancel racing a result waits instead of deadlocking.
 # The NOTIFY tells the dispatcher holding a RUNNING task to stop its worker.
-# -- When a run closed now ends (tasks.states.ended_at). Every statement that closes runs uses it. --
-RUN_ENDED_AT = ended_at()
-
+# A closed run ends at tasks.states.ended_at(), as every statement that closes runs says.
 CANCEL_TASK = f"""
 WITH live_run AS (
     SELECT id FROM task_runs WHERE task_id = %(id)s AND finished_at IS NULL AND status = 'RUNNING' FOR UPDATE
@@ -23,7 +21,7 @@ WITH live_run AS (
                     set="error_message = COALESCE(%(reason)s, error_message)",
                     returning="*")}
 ), runs AS (
-    UPDATE task_runs SET status = 'CANCELLED', finished_at = {RUN_ENDED_AT}, error_message = %(reason)s
+    UPDATE task_runs SET status = 'CANCELLED', finished_at = {ended_at()}, error_message = %(reason)s
     WHERE task_id IN (SELECT id FROM moved) AND status = 'RUNNING'
     RETURNING id
 )
@@ -44,7 +42,7 @@ WITH live_run AS (
     WHERE r.task_id = %(id)s AND r.finished_at IS NULL AND r.status = 'RUNNING' AND t.status = 'CANCELLED'
     FOR UPDATE OF r SKIP LOCKED
 )
-UPDATE task_runs SET status = 'CANCELLED', finished_at = {RUN_ENDED_AT}, error_message = %(reason)s
+UPDATE task_runs SET status = 'CANCELLED', finished_at = {ended_at()}, error_message = %(reason)s
 WHERE id IN (SELECT id FROM live_run)
 RETURNING id
 """

@@ -17,8 +17,8 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from tasks.sql.lifecycle import DEAD_LETTER_TASKS, RUN_ENDED_AT
-from tasks.states import TaskStatus, guarded_update
+from tasks.sql.lifecycle import DEAD_LETTER_TASKS
+from tasks.states import TaskStatus, ended_at, guarded_update
 from valka.arrays import BinaryArray
 
 _CLOSE = """
@@ -26,7 +26,7 @@ WITH input AS (
     SELECT * FROM unnest(%(run_ids)s::uuid[], %(worker_ids)s::text[], %(values)s::text[])
         AS i(run_id, worker_id, value)
 ), closed AS (
-    UPDATE task_runs r SET status = '{run_status}', finished_at = """ + RUN_ENDED_AT + """, {run_set}
+    UPDATE task_runs r SET status = '{run_status}', finished_at = """ + ended_at("r.") + """, {run_set}
     FROM input i
     WHERE r.id = i.run_id AND r.status = 'RUNNING' AND (i.worker_id IS NULL OR r.worker_id = i.worker_id)
     RETURNING r.task_id, r.attempt_number, i.value
