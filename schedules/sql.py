@@ -17,17 +17,26 @@ NOW = "COALESCE(%(now)s::timestamptz, now())"
 # Matches schedules_due_idx (next_run_at) WHERE enabled AND next_run_at IS NOT NULL. `template` is
 # the task each slot creates, as JSON text in INSERT_TASKS's shape but for the fields each slot sets
 # (id, idempotency_key, run_at): the loop appends those to the text instead of building the JSON.
+# The template is built from the locked rows (`due`), after the LIMIT: with the JSON in the scan's
+# own output, a plan that sorts the due rows (the statistics of schedules just added promise few)
+# built it for every due schedule, not the batch's, and 10,000 due at once took seven times as long.
 DUE_SCHEDULES = f"""
+WITH due AS MATERIALIZED (
+    SELECT id, name, cron, interval_seconds, timezone, catch_up, start_at, end_at, next_run_at,
+           task_name, queue, priority, max_retries, timeout_seconds, input, metadata
+    FROM schedules
+    WHERE enabled AND next_run_at IS NOT NULL AND next_run_at <= {NOW}
+    ORDER BY next_run_at
+    LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+)
 SELECT id, name, cron, interval_seconds, timezone, catch_up, start_at, end_at, next_run_at,
        json_build_object('task_name', task_name, 'queue', queue, 'priority', priority,
                          'max_retries', max_retries, 'timeout_seconds', timeout_seconds, 'input', input,
                          'metadata', metadata || jsonb_build_object('valka.schedule', name))::text AS template,
        {NOW} AS now
-FROM schedules
-WHERE enabled AND next_run_at IS NOT NULL AND next_run_at <= {NOW}
+FROM due
 ORDER BY next_run_at
-LIMIT %(limit)s
-FOR UPDATE SKIP LOCKED
 """
 
 # -- Every schedule of a batch to its next slot, with what it fired, in one statement. --
