@@ -123,14 +123,17 @@ def drain_in_turns(database_url: str, *, n: int, rounds: int, concurrency: int,
                            "cpu_us_per_task": cpu.medians(spent["grpc_floor"])}}
 
 
-def controlled(database_url: str, *, n: int, rounds: int, slots: int) -> dict[str, Any]:
+def controlled(database_url: str, *, n: int, rounds: int, slots: int,
+               processes: dict[str, list[int]] | None = None) -> dict[str, Any]:
     """The drain on a queue whose max_running is the workers' `slots`, and on one whose tasks have
     KEYS keys under max_running_per_key (twice a fair share of the slots, so the claim's turns
     are measured, not the limit). The workers serve both queues: their hellos made the rows.
 
     The rounds take turns with the unlimited drain (unlimited, capped, keyed, then again), and
     each is compared with the unlimited rounds beside it: the machine's speed drifts over the
-    minutes between separate runs, and a ratio of figures taken apart would measure the drift."""
+    minutes between separate runs, and a ratio of figures taken apart would measure the drift.
+    Each side also answers the CPU its `processes`, PostgreSQL and this process spent per task
+    (as `drain_in_turns`): a ratio under 1 is extra work per task or idle cores, and this tells which."""
     from tasks.services import queue_update
 
     per_key = max(1, -(-2 * slots // KEYS))
@@ -142,12 +145,15 @@ def controlled(database_url: str, *, n: int, rounds: int, slots: int) -> dict[st
         "keys": (KEYED_QUEUE, KEYS, f"drain, {KEYS} keys"),
     }
     rates: dict[str, list[float]] = {side: [] for side in sides}
+    spent: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
+    sample = cpu.sampler({**(processes or {}), "benchmark": [os.getpid()]}, postgres=cpu.postmaster(database_url))
     with psycopg.connect(database_url, autocommit=True) as conn:
         for r in range(rounds):
             for side, (queue, keys, label) in sides.items():
-                rates[side].append(drain_round(conn, n=n, queue=queue, keys=keys, desc=f"{label} {r + 1}/{rounds}"))
+                rates[side].append(drain_round(conn, n=n, queue=queue, keys=keys, desc=f"{label} {r + 1}/{rounds}",
+                                               sample=sample, spent=spent[side]))
     out = {side: {**rounds_summary(rates[side], n=n), "min_per_s": min(rates[side]),
-                  "max_per_s": max(rates[side])} for side in sides}
+                  "max_per_s": max(rates[side]), "cpu_us_per_task": cpu.medians(spent[side])} for side in sides}
     out["max_running"]["max_running"] = slots
     out["keys"].update(keys=KEYS, max_running_per_key=per_key)
     for side in ("max_running", "keys"):

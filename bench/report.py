@@ -104,6 +104,11 @@ def rows(results: dict[str, Any]) -> list[Row]:
         ("drain, 100 concurrency keys", "tasks/s", "",
          _spread(v, ("controls", "keys"), "rate_per_s", "min_per_s", "max_per_s"), none, True),
         ("  ÷ the unlimited drain beside it", "ratio", "≥ 0.80", _get(v, "controls", "keys", "ratio"), none, True),
+        # Each side's CPU per task, all processes (bench/cpu.py; by process in the JSON): a ratio
+        # under 1 with as much CPU per task is idle cores; with more, it is work.
+        *((f"  CPU per task: all, {label}", "µs CPU", "", _get(v, "controls", side, "cpu_us_per_task", "total"),
+           none, False)
+          for side, label in (("unlimited", "unlimited"), ("max_running", "max_running"), ("keys", "100 keys"))),
         ("idle-worker latency p50, from enqueue's return", "ms", "≤ Celery", _get(v, "latency", "p50_ms"),
          peer("latency", "p50_ms"), False),
         ("idle-worker latency p99, from enqueue's return", "ms", "≤ Celery", _get(v, "latency", "p99_ms"),

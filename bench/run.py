@@ -116,7 +116,9 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
                                                    "worker": [w.pid for w in workers]}))
         out["memory"]["worker_mib"] = memory.rss({"w": workers[0]})["w"]
     if "controls" not in skip:
-        out["controls"] = drain.controlled(url, n=opts.n, rounds=opts.rounds, slots=opts.workers * opts.concurrency)
+        out["controls"] = drain.controlled(url, n=opts.n, rounds=opts.rounds, slots=opts.workers * opts.concurrency,
+                                           processes={"dispatcher": [dispatcher.pid],
+                                                      "worker": [w.pid for w in workers]})
     if "django" not in skip:
         worker = stack.django_worker(addr, web or "http://127.0.0.1:8989", concurrency=opts.django_concurrency,
                                      queue=django_tasks.DRAIN_QUEUE)

@@ -48,7 +48,8 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         assert grpc_floor["cpu_us_per_task"]["total"] > 0
         ratio = drained["rate_per_s"] / grpc_floor["rate_per_s"]
         assert f"|   ÷ the gRPC floor, 1 worker | ratio | ≥ 0.80 | {ratio:.2f} |" in report.table({"valka": beside})
-        controlled = drain.controlled(database_url(), n=30, rounds=1, slots=8)
+        controlled = drain.controlled(database_url(), n=30, rounds=1, slots=8,
+                                      processes={"dispatcher": [dispatcher.pid], "worker": [w.pid for w in workers]})
         assert controlled["max_running"]["n"] == 30 and controlled["max_running"]["max_running"] == 8
         assert controlled["keys"]["n"] == 30 and controlled["keys"]["max_running_per_key"] == 1
         # Each has its unlimited drain beside it, and is compared with that.
@@ -56,9 +57,12 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         assert unlimited["n"] == 30 and unlimited["min_per_s"] <= unlimited["rate_per_s"] <= unlimited["max_per_s"]
         for side in ("max_running", "keys"):
             assert controlled[side]["ratio"] == controlled[side]["rate_per_s"] / unlimited["rate_per_s"]
+        for side in ("unlimited", "max_running", "keys"):
+            assert set(controlled[side]["cpu_us_per_task"]) == set(spent)  # by process, as the drain's
         shown = report.table({"valka": {"controls": controlled}})
         assert f"|   ÷ the unlimited drain beside it | ratio | ≥ 0.90 | {controlled['max_running']['ratio']:.2f} |" \
             in shown
+        assert "|   CPU per task: all, max_running | µs CPU |" in shown
         assert Task.objects.filter(queue=drain.KEYED_QUEUE).values("concurrency_key").distinct().count() == 30
         with floor_table():  # with the bare commit in turns with the enqueues
             waited = drain.latency(database_url(), count=5, rate=50, hop_log=hop_log, floor_url=database_url())
