@@ -256,15 +256,16 @@ SELECT set_config('synchronous_commit', 'off', true) FROM queues WHERE name = %(
 # tasks_key_pending_idx (`keys`), from the key after the last one served (`key_cursor`) round to
 # it again, at most the allowance and 16 more; each key's running tasks are counted up to the limit
 # in tasks_key_active_idx (`key_rooms`), and a key with room offers its first due tasks, up to an
-# equal share of the allowance (`keyed`), as do the tasks without a key, found among the queue's
+# equal share of the allowance (`keyed`; a key whose room is less than its share reads one task more,
+# `beyond`, which says its limit held it back), as do the tasks without a key, found among the queue's
 # first due tasks, as many as the allowance and 16 more (`unkeyed`: no index holds them apart).
 # The picks go round by round: each key's first task, then each key's second, and so on; the turn
 # moves on to the last key served. When a key's share left the claim short while another key had
 # more, it says so (`again`) and the dispatcher claims once more.
 # Either pick reads one task more than it may claim: if it finds one, a limit held the claim back
-# (`held`, counted in valka_queue_limited_total); so does a key found at its limit. The picked rows
-# are moved by their address, by a guarded update that skips any a cancel moved meanwhile; only
-# this transaction claims the queue.
+# (`held`, counted in valka_queue_limited_total); so does a key found at its limit or with a task
+# beyond its room. The picked rows are moved by their address, by a guarded update that skips any a
+# cancel moved meanwhile; only this transaction claims the queue.
 # The tasks answer first, as CLAIM answers them, then one row with `state` (limited; open: the queue
 # has no controls any more, CLAIM serves it; paused; missing: it has no row), `held`, `retry_in`
 # and `again`.
@@ -357,16 +358,19 @@ WITH RECURSIVE queue AS MATERIALIZED (
                            1))::int AS n
     FROM key_rooms
 ), keyed AS MATERIALIZED (
-    SELECT c.ctid, c.priority, c.run_at, c.id, r.key, c.round, r.turn
+    SELECT c.ctid, c.priority, c.run_at, c.id, r.key, c.round, r.turn, c.round > r.room AS beyond
     FROM key_rooms r CROSS JOIN LATERAL (
         SELECT t.ctid, t.priority, t.run_at, t.id, row_number() OVER (ORDER BY t.priority DESC, t.run_at, t.id) AS round
         FROM tasks t
         WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.concurrency_key = r.key AND t.run_at <= now()
-        ORDER BY t.priority DESC, t.run_at, t.id LIMIT LEAST(r.room, (SELECT n FROM share))
+        ORDER BY t.priority DESC, t.run_at, t.id
+        LIMIT LEAST(r.room, (SELECT n FROM share)) + CASE WHEN r.room < (SELECT n FROM share) THEN 1 ELSE 0 END
     ) c
     WHERE r.room > 0
 ), candidates AS MATERIALIZED (
-    SELECT * FROM plain UNION ALL SELECT * FROM keyed UNION ALL SELECT * FROM unkeyed
+    SELECT * FROM plain
+    UNION ALL SELECT ctid, priority, run_at, id, key, round, turn FROM keyed WHERE NOT beyond
+    UNION ALL SELECT * FROM unkeyed
 ), picked AS MATERIALIZED (
     SELECT ctid, key, round, turn FROM candidates
     ORDER BY round, turn, priority DESC, run_at, id LIMIT (SELECT n FROM allowance)
@@ -386,7 +390,8 @@ WITH RECURSIVE queue AS MATERIALIZED (
     SELECT CASE WHEN r.controlled IS NULL THEN 'missing' WHEN r.paused_now THEN 'paused'
                 WHEN NOT r.controlled THEN 'open' ELSE 'limited' END AS state,
            CASE WHEN a.reason IS NOT NULL AND (SELECT count(*) FROM candidates) > a.n THEN a.reason
-                WHEN EXISTS (SELECT 1 FROM key_rooms WHERE room <= 0) THEN 'max_running_per_key' END AS held,
+                WHEN EXISTS (SELECT 1 FROM key_rooms WHERE room <= 0) OR EXISTS (SELECT 1 FROM keyed WHERE beyond)
+                    THEN 'max_running_per_key' END AS held,
            (SELECT EXTRACT(EPOCH FROM min(e.stamp + q.period - q.at))::float8
             FROM queue q, unstarted u, (
                 SELECT s.stamp, sum(s.n) OVER (ORDER BY s.stamp DESC ROWS BETWEEN UNBOUNDED PRECEDING AND 1 PRECEDING)

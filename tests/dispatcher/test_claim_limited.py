@@ -190,6 +190,33 @@ def test_keys_take_turns_and_each_is_held_to_its_limit():
     assert all(Task.objects.filter(id__in=[t.id for t in s], status="DISPATCHING").count() == 2 for s in small)
 
 
+def test_a_key_held_to_its_limit_with_room_left_in_the_claim_says_so():
+    """Two keys, a claim with room for far more than their limits: the limit held each key back,
+    though neither was at its limit when the claim began, and the claim says so (it once did only
+    for a key already at its limit, which with few keys left most such claims uncounted)."""
+    enqueue("few", 5, concurrency_key="a")
+    enqueue("few", 5, concurrency_key="b")
+    settings("few", max_running_per_key=2)
+    ids, answer = claim("few", 100)
+    assert sorted(keys_of(ids)) == ["a", "a", "b", "b"] and answer[1] == "max_running_per_key"
+    finish(2, key="a")
+    ids, answer = claim("few", 100)
+    assert keys_of(ids) == ["a", "a"] and answer[1] == "max_running_per_key"
+    finish(2, key="a")
+    ids, answer = claim("few", 100)
+    assert keys_of(ids) == ["a"] and answer[1] == "max_running_per_key", "a's last task, and b at its limit"
+    finish(2, key="b")
+    ids, answer = claim("few", 100)
+    assert keys_of(ids) == ["b", "b"] and answer[1] == "max_running_per_key", "one left behind"
+
+
+def test_a_key_that_fits_its_room_is_not_held():
+    enqueue("fits", 2, concurrency_key="a")
+    settings("fits", max_running_per_key=2)
+    ids, answer = claim("fits", 100)
+    assert keys_of(ids) == ["a", "a"] and answer == ("limited", None, None, False)
+
+
 def test_the_turn_goes_round_every_key_before_any_comes_again():
     for i in range(40):
         enqueue("round", 3, concurrency_key=f"key-{i:02d}")
