@@ -19,7 +19,7 @@ NOW = "COALESCE(%(now)s::timestamptz, now())"
 # (id, idempotency_key, run_at): the loop appends those to the text instead of building the JSON.
 # The template is built from the locked rows (`due`), after the LIMIT: with the JSON in the scan's
 # own output, a plan that sorts the due rows (the statistics of schedules just added promise few)
-# built it for every due schedule, not the batch's, and 10,000 due at once took seven times as long.
+# built it for every due schedule, not the batch's: 10,000 due at once took four times as long to read.
 DUE_SCHEDULES = f"""
 WITH due AS MATERIALIZED (
     SELECT id, name, cron, interval_seconds, timezone, catch_up, start_at, end_at, next_run_at,
