@@ -359,12 +359,12 @@ WITH RECURSIVE queue AS MATERIALIZED (
     FROM key_rooms
 ), keyed AS MATERIALIZED (
     SELECT c.ctid, c.priority, c.run_at, c.id, r.key, c.round, r.turn, c.round > r.room AS beyond
-    FROM key_rooms r CROSS JOIN LATERAL (
+    FROM key_rooms r CROSS JOIN share s CROSS JOIN LATERAL (
         SELECT t.ctid, t.priority, t.run_at, t.id, row_number() OVER (ORDER BY t.priority DESC, t.run_at, t.id) AS round
         FROM tasks t
         WHERE t.status = 'PENDING' AND t.queue = %(queue)s AND t.concurrency_key = r.key AND t.run_at <= now()
         ORDER BY t.priority DESC, t.run_at, t.id
-        LIMIT LEAST(r.room, (SELECT n FROM share)) + CASE WHEN r.room < (SELECT n FROM share) THEN 1 ELSE 0 END
+        LIMIT CASE WHEN r.room < s.n THEN r.room + 1 ELSE s.n END
     ) c
     WHERE r.room > 0
 ), candidates AS MATERIALIZED (

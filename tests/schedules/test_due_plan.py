@@ -31,9 +31,8 @@ def test_a_batch_builds_the_templates_of_its_own_schedules_only():
                 SELECT 'due-' || g, '* * * * *', 'UTC', 'latest', true, false, 'noop', 'q', '{}', '{}', 0, 3, 300,
                        %s, 0
                 FROM generate_series(1, %s) g""", [SLOT, DUE])
-        statement = sql.DUE_SCHEDULES.replace("%(limit)s", str(BATCH))
         with transaction.atomic(), connection.cursor() as cur:  # the batch's locks go with the rollback
-            cur.execute(f"EXPLAIN (ANALYZE, VERBOSE, FORMAT JSON) {statement}", {"now": SLOT})
+            cur.execute(f"EXPLAIN (ANALYZE, VERBOSE, FORMAT JSON) {sql.DUE_SCHEDULES}", {"now": SLOT, "limit": BATCH})
             plan = cur.fetchone()[0][0]["Plan"]
             transaction.set_rollback(True)
     shown = outline(plan)
