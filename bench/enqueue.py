@@ -75,23 +75,30 @@ def in_process_in_turns(count: int, *, floor_url: str, database_url: str, rounds
             for side, figures in rates.items()}
 
 
-def rest_single_in_turns(url: str, api_key: str, count: int, *, floor_url: str, rounds: int = 3) -> dict[str, Any]:
+def rest_single_in_turns(url: str, api_key: str, count: int, *, floor_url: str, web_floor_url: str | None = None,
+                         rounds: int = 3) -> dict[str, Any]:
     """`rest_single` in turns with the 8-caller INSERT + commit floors (bench/floor.py), with and
-    without a NOTIFY, in `floor_url`'s database, round by round, for the reason
-    `in_process_in_turns` gives. Each figure is the median of its rounds."""
+    without a NOTIFY, in `floor_url`'s database, and with the web floor served at `web_floor_url`
+    (bench/web_floor.py) when given, round by round, for the reason `in_process_in_turns` gives.
+    Each figure is the median of its rounds."""
     from bench import floor
 
     rates: dict[str, list[float]] = {"rest_x8": [], "enqueue_x8_notify": [], "enqueue_x8": []}
+    if web_floor_url:
+        rates["web_x8"] = []
     for _ in range(rounds):
         rates["enqueue_x8_notify"].append(floor.enqueue_concurrent(floor_url, notify=True)["rate_per_s"])
         rates["enqueue_x8"].append(floor.enqueue_concurrent(floor_url, notify=False)["rate_per_s"])
+        if web_floor_url:
+            rates["web_x8"].append(rest_single(web_floor_url, "", count, path="/", label="web floor")["rate_per_s"])
         rates["rest_x8"].append(rest_single(url, api_key, count)["rate_per_s"])
     return {side: {"rate_per_s": statistics.median(figures), "rounds": figures, "callers": 8}
             for side, figures in rates.items()}
 
 
-def rest_single(url: str, api_key: str, count: int, clients: int = 8) -> dict[str, Any]:
-    """POST /api/v1/tasks from `clients` concurrent keep-alive connections.
+def rest_single(url: str, api_key: str, count: int, clients: int = 8, *, path: str = "/api/v1/tasks",
+                label: str = "enqueue REST") -> dict[str, Any]:
+    """POST `path` (the REST create) from `clients` concurrent keep-alive connections.
 
     The client is aiohttp: with httpx the benchmark's own client took more CPU per request
     than the web app it measures, on the same two cores."""
@@ -102,11 +109,11 @@ def rest_single(url: str, api_key: str, count: int, clients: int = 8) -> dict[st
         async with aiohttp.ClientSession(url, connector=connector,
                                          headers={"Authorization": f"Bearer {api_key}"}) as http:
             per_client = count // clients
-            with bar(per_client * clients, f"enqueue REST x{clients}") as progress:
+            with bar(per_client * clients, f"{label} x{clients}") as progress:
                 async def client() -> None:
                     for i in range(per_client):
-                        async with http.post("/api/v1/tasks", json={"task_name": "noop", "queue": ENQUEUE_QUEUE,
-                                                                    "input": {"i": i}}) as r:
+                        async with http.post(path, json={"task_name": "noop", "queue": ENQUEUE_QUEUE,
+                                                         "input": {"i": i}}) as r:
                             r.raise_for_status()
                             await r.read()
                         progress.update(1)

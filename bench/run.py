@@ -91,9 +91,15 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
         # does not measure again.
         beside = enqueue.in_process_in_turns(opts.enqueue_count, floor_url=create_database(url, "floor"),
                                              database_url=url)
-        rest = enqueue.rest_single_in_turns(web, key, opts.enqueue_count, floor_url=create_database(url, "floor"))
+        floor_url = create_database(url, "floor")
+        web_floor, web_floor_url = stack.web(processes=opts.web_processes, app="bench.web_floor:app",
+                                             BENCH_FLOOR_URL=floor_url)
+        rest = enqueue.rest_single_in_turns(web, key, opts.enqueue_count, floor_url=floor_url,
+                                            web_floor_url=web_floor_url)
+        stack.stop(web_floor)
         out["floor"] = {"enqueue_single": beside["floor"], "enqueue_tasks_table": beside["tasks_table"],
-                        "enqueue_x8": rest["enqueue_x8"], "enqueue_x8_notify": rest["enqueue_x8_notify"]}
+                        "enqueue_x8": rest["enqueue_x8"], "enqueue_x8_notify": rest["enqueue_x8_notify"],
+                        "web_x8": rest["web_x8"]}
         out["enqueue"] = {
             "in_process_x1": beside["valka"],
             "in_process_x8": enqueue.in_process(opts.enqueue_count * 2, threads=8),

@@ -132,14 +132,15 @@ class BenchStack:
         self._await_port(proc, port, f"the dispatcher on {addr}")
         return proc, addr
 
-    def web(self, processes: int = 1, **env: str) -> tuple[subprocess.Popen, str]:
+    def web(self, processes: int = 1, app: str = "valka.asgi:application", **env: str) -> tuple[subprocess.Popen, str]:
+        """uvicorn serving `app` (the web app; bench.web_floor:app for the web floor)."""
         port = devdb.free_port()
-        cmd = [sys.executable, "-m", "uvicorn", "valka.asgi:application", "--host", "127.0.0.1",
+        cmd = [sys.executable, "-m", "uvicorn", app, "--host", "127.0.0.1",
                "--port", str(port), "--no-access-log", "--log-level", "warning"]
         if processes > 1:
             cmd += ["--workers", str(processes)]
         proc = self.spawn(f"web-{port}", cmd, env)
-        self._await_port(proc, port, "the web app")
+        self._await_port(proc, port, f"uvicorn {app}")
         return proc, f"http://127.0.0.1:{port}"
 
     def workers(self, server: str, *, count: int, concurrency: int, queues: list[str],

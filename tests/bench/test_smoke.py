@@ -26,6 +26,11 @@ def floor_table():
             conn.execute("DROP TABLE IF EXISTS floor_jobs")
 
 
+def floor_rows(queue: str) -> int:
+    with psycopg.connect(database_url(), autocommit=True) as conn:
+        return conn.execute("SELECT count(*) FROM floor_jobs WHERE queue = %s", (queue,)).fetchone()[0]
+
+
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(60)
 def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
@@ -182,11 +187,15 @@ def test_djangos_task_api_workloads(tmp_path, quiet, monkeypatch):
         hop_log = tmp_path / "hops.jsonl"
         _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
         _, web = stack.web()
+        _, web_floor = stack.web(app="bench.web_floor:app", BENCH_FLOOR_URL=database_url())
         key = api_key_create(name="bench", scope="write")[1]
         with floor_table():  # REST single, in turns with the 8-caller floors it is held to
-            rest = enqueue.rest_single_in_turns(web, key, 16, floor_url=database_url(), rounds=2)
-        for side in ("rest_x8", "enqueue_x8", "enqueue_x8_notify"):
+            rest = enqueue.rest_single_in_turns(web, key, 16, floor_url=database_url(), web_floor_url=web_floor,
+                                                rounds=2)
+            web_rows = floor_rows("web")
+        for side in ("rest_x8", "enqueue_x8", "enqueue_x8_notify", "web_x8"):
             assert len(rest[side]["rounds"]) == 2 and rest[side]["rate_per_s"] > 0
+        assert web_rows == 32  # the web floor stored every request's body
         assert Task.objects.filter(queue=enqueue.ENQUEUE_QUEUE).count() == 32
         enqueue.cleanup(database_url())
         local = django_tasks.enqueue_in_process(20)
