@@ -36,7 +36,7 @@ def options(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rounds", type=int, default=int(env("BENCH_ROUNDS", 3)), help="drain rounds (median)")
     p.add_argument("--enqueue-count", type=int, default=int(env("BENCH_ENQUEUE_COUNT", 2000)))
     p.add_argument("--batches", type=int, default=int(env("BENCH_BATCHES", 20)), help="REST batches of 1,000")
-    p.add_argument("--latency-count", type=int, default=int(env("BENCH_LATENCY_COUNT", 200)))
+    p.add_argument("--latency-count", type=int, default=int(env("BENCH_LATENCY_COUNT", 1000)))
     p.add_argument("--latency-rate", type=float, default=float(env("BENCH_LATENCY_RATE", 20)))
     p.add_argument("--web-processes", type=int, default=int(env("BENCH_WEB_PROCESSES", 2)))
     p.add_argument("--finished", type=int, default=int(env("BENCH_SCALE_FINISHED", 1_000_000)))

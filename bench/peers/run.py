@@ -19,7 +19,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--enqueue-count", type=int, default=2000)
     parser.add_argument("--batches", type=int, default=20)
-    parser.add_argument("--latency-count", type=int, default=200)
+    parser.add_argument("--latency-count", type=int, default=1000)
     parser.add_argument("--latency-rate", type=float, default=20.0)
     parser.add_argument("--redis-url", default="")
     parser.add_argument("--procrastinate-url", default="")
