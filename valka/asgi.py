@@ -167,10 +167,8 @@ class Application:
                            key: ApiKey | None = None) -> None:
         """The request runs in one thread, and the response is sent from here: one hand-over each
         way. A streaming response is sent as its thread produces it."""
-        loop = asyncio.get_running_loop()
-        context = contextvars.copy_context()
-        response = await loop.run_in_executor(
-            self.executor, context.run, self._run, _environ(scope, body, size, key), loop, send)
+        response = await self._in_thread(self._run, _environ(scope, body, size, key), asyncio.get_running_loop(),
+                                         send)
         if response is not None:
             status, headers, content = response
             await send({"type": "http.response.start", "status": status, "headers": headers})
