@@ -91,9 +91,8 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
         key = api_key_create(name="bench")[1]
         # The single caller in turns with the floors it is held to, which the floor section then
         # does not measure again.
-        beside = enqueue.in_process_in_turns(opts.enqueue_count, floor_url=create_database(url, "floor"),
-                                             database_url=url)
         floor_url = create_database(url, "floor")
+        beside = enqueue.in_process_in_turns(opts.enqueue_count, floor_url=floor_url, database_url=url)
         web_floor, web_floor_url = stack.web(processes=opts.web_processes, app="bench.web_floor:app",
                                              BENCH_FLOOR_URL=floor_url)
         rest = enqueue.rest_single_in_turns(web, key, opts.enqueue_count, floor_url=floor_url,

@@ -2,10 +2,11 @@
 one enqueue over HTTP, with no Django, no DRF and no authentication.
 
 `uvicorn bench.web_floor:app`, started as the web app is (httptools, uvloop, the same number of
-processes), answers `POST /` by inserting the JSON body into the floor's bare table with a NOTIFY
-(bench/floor.py INSERT, one commit per request) and returning the new row's id as JSON. The REST
-create is held to the database's own floor; this one says how much of the gap HTTP in Python
-takes before any framework runs. `BENCH_FLOOR_URL` names the database.
+processes), answers `POST /` by inserting the JSON body into the floor's bare table (`floor_jobs`,
+made by bench/floor.py's rounds, which come first) with a NOTIFY on the floors' channel, one commit
+per request, and returning the new row's id as JSON. The REST create is held to the database's
+own floor; this one says how much of the gap HTTP in Python takes before any framework runs.
+`BENCH_FLOOR_URL` names the database.
 """
 
 from __future__ import annotations
