@@ -55,7 +55,7 @@ from django.db import close_old_connections  # noqa: E402
 from django.http.cookie import parse_cookie  # noqa: E402
 from django.urls import Resolver404, resolve  # noqa: E402
 
-from tasks.api.auth import KEY_ENVIRON, api_key_live  # noqa: E402
+from tasks.api.auth import KEY_ENVIRON, api_key_live_apart  # noqa: E402
 from tasks.api.errors import error_body  # noqa: E402
 from tasks.models import ApiKey  # noqa: E402
 from valka.conf import refuse_development_key, valka_settings  # noqa: E402
@@ -143,7 +143,7 @@ class Application:
             scheme, _, key = authorization.partition(" ")
             if scheme.lower() != "bearer" or not key.strip():
                 return "invalid authorization header", None
-            live = await self._in_thread(_live_key, key.strip())
+            live = await self._in_thread(api_key_live_apart, key.strip())
             return (None, live) if live is not None else ("invalid API key", None)
         if await self._signed_in(scope):
             return None, None
@@ -287,16 +287,6 @@ def _session_user(session_key: str) -> bool:
     close_old_connections()
     try:
         return bool(import_module(settings.SESSION_ENGINE).SessionStore(session_key).get(SESSION_KEY))
-    finally:
-        close_old_connections()
-
-
-def _live_key(key: str) -> ApiKey | None:
-    """In a web thread, as Django's request cycle would: a healthy connection to look the key up,
-    and none held afterwards (back to the pool)."""
-    close_old_connections()
-    try:
-        return api_key_live(key)
     finally:
         close_old_connections()
 

@@ -125,6 +125,7 @@ REST_FRAMEWORK = {
     "DEFAULT_PERMISSION_CLASSES": ["tasks.api.auth.ApiAccess"],
     "DEFAULT_RENDERER_CLASSES": ["tasks.api.renderers.ValkaJSONRenderer"],
     "DEFAULT_PARSER_CLASSES": ["tasks.api.parsers.ValkaJSONParser"],
+    "DEFAULT_CONTENT_NEGOTIATION_CLASS": "tasks.api.negotiation.ValkaContentNegotiation",
     "EXCEPTION_HANDLER": "tasks.api.errors.exception_handler",
     "DEFAULT_SCHEMA_CLASS": "drf_spectacular.openapi.AutoSchema",
     "UNAUTHENTICATED_USER": None,

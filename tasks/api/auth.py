@@ -21,7 +21,7 @@ from rest_framework import authentication, exceptions, permissions
 
 from tasks.errors import Forbidden
 from tasks.models import ApiKey
-from tasks.prepared import fetchone_prepared
+from tasks.prepared import fetchone_apart, fetchone_prepared
 from tasks.sql import api_keys
 from valka.conf import valka_settings
 
@@ -64,7 +64,16 @@ def api_key_create(*, name: str, scope: str = ApiKey.Scope.WRITE) -> tuple[ApiKe
 
 def api_key_live(key: str) -> ApiKey | None:
     """The unrevoked ApiKey whose hash is that of `key`, or None (one unique-index look-up)."""
-    row = fetchone_prepared(api_keys.LIVE_KEY, [hash_key(key)])
+    return _key_of(fetchone_prepared(api_keys.LIVE_KEY, [hash_key(key)]))
+
+
+def api_key_live_apart(key: str) -> ApiKey | None:
+    """`api_key_live` on a connection taken for it alone (tasks.prepared.fetchone_apart): valka.asgi's
+    look-up, made before a request's body is read and its thread takes a connection of its own."""
+    return _key_of(fetchone_apart(api_keys.LIVE_KEY, [hash_key(key)]))
+
+
+def _key_of(row: tuple | None) -> ApiKey | None:
     return None if row is None else ApiKey.from_db(DEFAULT_DB_ALIAS, api_keys.KEY_FIELDS, row)
 
 

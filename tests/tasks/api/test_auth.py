@@ -5,14 +5,16 @@ Also the other ways in: anonymous mode, a staff session, a key from `manage.py c
 from __future__ import annotations
 
 import logging
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import pytest
 from django.contrib.auth.models import Permission
 from django.core.management import call_command
+from django.db import connections
 from rest_framework.test import APIClient
 
-from tasks.api.auth import api_key_create
+from tasks.api.auth import api_key_create, api_key_live_apart
 from tasks.models import ApiKey, Task
 from tests.helpers import assert_error
 from valka_sdk.v1 import api_pb2, api_pb2_grpc
@@ -181,3 +183,26 @@ def test_grpc_api_service_needs_a_key(stack):
         assert Task.objects.count() == 0
         created = api.CreateTask(request, metadata=(("authorization", f"Bearer {key}"),)).task
         assert str(Task.objects.get().id) == created.id
+
+
+@pytest.mark.django_db(transaction=True)  # looked up on another connection: the key must be committed
+@pytest.mark.parametrize("pooled", [True, False], ids=["pool", "no-pool"])
+def test_the_look_up_apart_finds_live_keys_and_leaves_no_connection_behind(pooled, monkeypatch):
+    """valka.asgi's look-up before a body is read: through Django's pool straight, or (the pool off)
+    on Django's connection, closed afterwards; either way the thread holds no connection after it."""
+    wrapper = type(connections["default"])
+    assert (wrapper.pool.fget(connections["default"]) is not None) or not pooled, "the tests run with the pool"
+    record, key = api_key_create(name="apart")
+
+    def look_up(plain: str) -> tuple[ApiKey | None, object]:
+        return api_key_live_apart(plain), connections["default"].connection
+
+    with monkeypatch.context() as patch, ThreadPoolExecutor(1) as thread:
+        if not pooled:  # for the look-up's thread only: undone before this test's connection closes
+            patch.setattr(wrapper, "pool", property(lambda self: None))
+        found, held = thread.submit(look_up, key).result()
+        assert found is not None and found.pk == record.pk and found.scope == record.scope
+        assert held is None
+        assert thread.submit(look_up, "vk_not-a-key").result() == (None, None)
+        ApiKey.objects.filter(pk=record.pk).update(revoked=True)
+        assert thread.submit(look_up, key).result() == (None, None)
