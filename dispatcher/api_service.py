@@ -88,11 +88,11 @@ def _run_open(run_id: str) -> bool:
 
 async def _authorize(context: grpc.aio.ServicerContext, need: Need) -> None:
     """Every call needs an API key (metadata `authorization: Bearer <key>`) whose scope covers `need`,
-    as the REST API does, unless VALKA_API_ANONYMOUS opens the API. The refusal of a key says
-    nothing about which keys exist."""
-    if valka_settings.API_ANONYMOUS:
-        return
+    as the REST API does; VALKA_API_ANONYMOUS opens the API to callers that send no key (one sent
+    is still held to its scope). The refusal of a key says nothing about which keys exist."""
     sent = dict(context.invocation_metadata() or ()).get("authorization", "")
+    if valka_settings.API_ANONYMOUS and not sent:
+        return
     key = await in_thread(api_key_of)(sent) if sent else None
     if key is None:
         await context.abort(grpc.StatusCode.UNAUTHENTICATED,

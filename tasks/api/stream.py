@@ -31,11 +31,13 @@ KEEPALIVE = 15.0
 
 def _refusal(request: HttpRequest, need: Need) -> JsonResponse | None:
     """The REST API's rule (tasks.api.auth.ApiAccess): a key whose scope, or a staff session whose
-    permissions, cover `need`, or the anonymous setting. The answer to a caller refused, or None."""
-    if valka_settings.API_ANONYMOUS:
+    permissions, cover `need`, or the anonymous setting for a caller without a key. The answer to
+    a caller refused, or None."""
+    sent_key = bool(request.headers.get("Authorization"))
+    if valka_settings.API_ANONYMOUS and not sent_key:
         return None
     try:
-        if request.headers.get("Authorization"):
+        if sent_key:
             try:
                 found = ApiKeyAuthentication().authenticate(request)
             except exceptions.AuthenticationFailed as exc:

@@ -140,6 +140,25 @@ def test_anonymous_mode(anon_client, settings):
 
 
 @pytest.mark.django_db
+def test_anonymous_mode_still_holds_a_key_sent_to_its_scope(anon_client, settings):
+    """`make run` opens the API to callers without a key; one that sends a key gets what the key
+    allows, as in production: a read key cannot write, a wrong key is 401."""
+    settings.VALKA = {**settings.VALKA, "API_ANONYMOUS": True}
+    body = {"task_name": "t", "queue": "q"}
+    assert anon_client.post("/api/v1/tasks", body, format="json").status_code == 201
+    anon_client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_create(name='reader', scope='read')[1]}")
+    r = anon_client.post("/api/v1/tasks", body, format="json")
+    assert_error(r, 403, "FORBIDDEN")
+    assert anon_client.get("/api/v1/tasks").status_code == 200
+    anon_client.credentials(HTTP_AUTHORIZATION=f"Bearer {api_key_create(name='writer')[1]}")
+    assert anon_client.post("/api/v1/tasks", body, format="json").status_code == 201
+    anon_client.credentials(HTTP_AUTHORIZATION="Bearer vk_wrong")
+    assert_error(anon_client.post("/api/v1/tasks", body, format="json"), 401, "UNAUTHORIZED")
+    assert_error(anon_client.get("/api/v1/events"), 401, "UNAUTHORIZED")
+    assert Task.objects.count() == 2
+
+
+@pytest.mark.django_db
 def test_staff_session_works(anon_client, django_user_model):
     user = django_user_model.objects.create_user("ops", password="pw-123456", is_staff=True)
     user.user_permissions.add(Permission.objects.get(content_type__app_label="tasks", codename="view_task"))
@@ -183,6 +202,22 @@ def test_grpc_api_service_needs_a_key(stack):
         assert Task.objects.count() == 0
         created = api.CreateTask(request, metadata=(("authorization", f"Bearer {key}"),)).task
         assert str(Task.objects.get().id) == created.id
+
+
+def test_grpc_anonymous_mode_still_holds_a_key_sent_to_its_scope(stack):
+    _, addr = stack.dispatcher()  # the stack's default: anonymous calls allowed, as under `make run`
+    _, reader = api_key_create(name="reader", scope="read")
+    request = api_pb2.CreateTaskRequest(queue_name="q", task_name="t")
+    with grpc.insecure_channel(addr) as channel:
+        api = api_pb2_grpc.ApiServiceStub(channel)
+        created = api.CreateTask(request).task
+        for metadata, code in [((("authorization", f"Bearer {reader}"),), grpc.StatusCode.PERMISSION_DENIED),
+                               ((("authorization", "Bearer vk_wrong"),), grpc.StatusCode.UNAUTHENTICATED)]:
+            with pytest.raises(grpc.RpcError) as err:
+                api.CreateTask(request, metadata=metadata)
+            assert err.value.code() == code
+        assert api.ListTasks(api_pb2.ListTasksRequest(), metadata=(("authorization", f"Bearer {reader}"),)).tasks
+    assert [str(t.id) for t in Task.objects.all()] == [created.id]
 
 
 @pytest.mark.django_db(transaction=True)  # looked up on another connection: the key must be committed
