@@ -38,7 +38,6 @@ def fetchone_prepared(sql: str, params: Mapping[str, Any] | Sequence[Any]) -> tu
     return row
 
 
-
 def fetchone_apart(sql: str, params: Mapping[str, Any] | Sequence[Any]) -> tuple[Any, ...] | None:
     """Run `sql`, prepared, on a connection taken for it alone, and fetch one row: for a look-up made
     outside any request's cycle (valka.asgi's, before a request's thread takes its own connection).

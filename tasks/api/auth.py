@@ -146,15 +146,15 @@ class ApiKeyScheme(OpenApiAuthenticationExtension):
 class ApiAccess(permissions.BasePermission):
     """An API key whose scope, or a staff session whose permissions, cover the view's `needs` for
     its action (an action that declares none is refused). VALKA_API_ANONYMOUS opens the API to
-    callers without a key; a key sent is still held to its scope, as `make run`'s README examples
-    promise. Refused: 401 without a credential, 403 (FORBIDDEN) with one that falls short."""
+    callers without a key; a key sent is still held to its scope, as the README promises of every
+    key. Refused: 401 without a credential, 403 (FORBIDDEN) with one that falls short."""
 
     def has_permission(self, request: Any, view: Any) -> bool:
         user = request.user
-        if valka_settings.API_ANONYMOUS and not isinstance(user, ApiKeyPrincipal):
-            return True
         if isinstance(user, ApiKeyPrincipal):
             key = user.key
+        elif valka_settings.API_ANONYMOUS:
+            return True
         elif user is not None and user.is_authenticated and user.is_staff:
             key = None
         else:
