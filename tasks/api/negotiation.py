@@ -14,13 +14,13 @@ from typing import Any
 from rest_framework.negotiation import DefaultContentNegotiation
 
 JSON = "application/json"
-PLAIN_ACCEPTS = frozenset({"", "*/*", JSON})
+PLAIN_ACCEPTS = frozenset({"*/*", JSON})  # an empty header is not one: DRF answers it 406
 
 
 class ValkaContentNegotiation(DefaultContentNegotiation):
     def select_renderer(self, request: Any, renderers: list[Any], format_suffix: str | None = None) -> tuple[Any, str]:
         if (renderers and renderers[0].media_type == JSON and not format_suffix
-                and request.META.get("HTTP_ACCEPT", "") in PLAIN_ACCEPTS
+                and request.META.get("HTTP_ACCEPT", "*/*") in PLAIN_ACCEPTS
                 and not request.query_params.get(self.settings.URL_FORMAT_OVERRIDE)):
             return renderers[0], JSON
         return super().select_renderer(request, renderers, format_suffix)

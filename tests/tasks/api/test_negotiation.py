@@ -11,7 +11,7 @@ from rest_framework.test import APIRequestFactory
 from tasks.api.negotiation import ValkaContentNegotiation
 from tasks.api.renderers import ValkaJSONRenderer
 
-ACCEPTS = [None, "*/*", "application/json", "application/json; indent=4", "application/*",
+ACCEPTS = [None, "", "*/*", "application/json", "application/json; indent=4", "application/*",
            "text/html, application/json;q=0.9", "application/json, text/plain"]
 
 
