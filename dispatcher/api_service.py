@@ -15,7 +15,7 @@ from signals.permissions import SEND_SIGNALS
 from signals.services import signal_send
 from tasks import selectors, services
 from tasks.api import auth
-from tasks.api.auth import Need, api_key_of, check_key
+from tasks.api.auth import Need, api_key_of, check_key, open_to_anonymous
 from tasks.api.pagination import Page, after_cursor, cursor_of
 from tasks.errors import Forbidden, ValkaError
 from tasks.live import LAGGED, Fanout, Lagged, decode_events, tail_run_log
@@ -91,7 +91,7 @@ async def _authorize(context: grpc.aio.ServicerContext, need: Need) -> None:
     as the REST API does; VALKA_API_ANONYMOUS opens the API to callers that send no key (one sent
     is still held to its scope). The refusal of a key says nothing about which keys exist."""
     sent = dict(context.invocation_metadata() or ()).get("authorization", "")
-    if valka_settings.API_ANONYMOUS and not sent:
+    if open_to_anonymous(bool(sent)):
         return
     key = await in_thread(api_key_of)(sent) if sent else None
     if key is None:

@@ -85,6 +85,13 @@ def api_key_of(authorization: str) -> ApiKey | None:
     return api_key_live(key.strip())
 
 
+def open_to_anonymous(sent_key: bool) -> bool:
+    """Whether VALKA_API_ANONYMOUS lets this caller through unchecked: only one that sends no key.
+    A key sent is held to its scope (and a wrong one refused) whatever the setting, in every way in
+    (ApiAccess, the event streams, gRPC's ApiService)."""
+    return valka_settings.API_ANONYMOUS and not sent_key
+
+
 def check_key(key: ApiKey, need: Need) -> None:
     """Forbidden unless `key`'s scope covers `need`."""
     if not key.allows(need.scope):
@@ -153,7 +160,7 @@ class ApiAccess(permissions.BasePermission):
         user = request.user
         if isinstance(user, ApiKeyPrincipal):
             key = user.key
-        elif valka_settings.API_ANONYMOUS:
+        elif open_to_anonymous(sent_key=False):
             return True
         elif user is not None and user.is_authenticated and user.is_staff:
             key = None

@@ -17,7 +17,7 @@ from django.http import HttpRequest, HttpResponse, JsonResponse, StreamingHttpRe
 from rest_framework import exceptions
 
 from tasks import selectors
-from tasks.api.auth import READ_TASKS, ApiKeyAuthentication, Need, check_key, check_staff
+from tasks.api.auth import READ_TASKS, ApiKeyAuthentication, Need, check_key, check_staff, open_to_anonymous
 from tasks.api.errors import error_body
 from tasks.errors import Forbidden, ValkaError
 from tasks.live import LAGGED, Lagged, decode_events, process_fanout, tail_run_log
@@ -34,7 +34,7 @@ def _refusal(request: HttpRequest, need: Need) -> JsonResponse | None:
     permissions, cover `need`, or the anonymous setting for a caller without a key. The answer to
     a caller refused, or None."""
     sent_key = bool(request.headers.get("Authorization"))
-    if valka_settings.API_ANONYMOUS and not sent_key:
+    if open_to_anonymous(sent_key):
         return None
     try:
         if sent_key:
