@@ -5,13 +5,12 @@ typed, a bad cron expression refused on its field, then saved. A screenshot goes
 import pytest
 
 from schedules.models import Schedule
-from tests.tasks.admin.test_browser import CHROMIUM, browser, expect, page, shot  # noqa: F401  (fixtures)
+from tests.tasks.admin.test_browser import browser, expect, needs_chromium, page, shot  # noqa: F401  (fixtures)
 
-pytestmark = pytest.mark.django_db(transaction=True)
+pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium]
 
 
 def test_the_form_shows_the_next_slots_and_refuses_a_bad_cron_on_its_field(page):  # noqa: F811
-    assert CHROMIUM
     page.goto("/admin/schedules/schedule/add/")
     page.fill("#id_name", "weekday-report")
     page.fill("#id_cron", "0 9 * * 1-5")

@@ -23,10 +23,9 @@ ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--d
 ARTIFACTS = Path(settings.BASE_DIR) / "test-artifacts"
 PASSWORD = "operator-pw-123"
 
-pytestmark = [
-    pytest.mark.django_db(transaction=True),
-    pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK), reason="needs Debian's chromium (scripts/ensure-chromium)"),
-]
+needs_chromium = pytest.mark.skipif(not os.access(CHROMIUM, os.X_OK),
+                                    reason="needs Debian's chromium (scripts/ensure-chromium)")
+pytestmark = [pytest.mark.django_db(transaction=True), needs_chromium]
 
 sync_api = pytest.importorskip("playwright.sync_api")
 expect = sync_api.expect
