@@ -115,7 +115,8 @@ class DispatcherNode:
                                                                run_log_max_lines=s.run_log_max_lines,
                                                                run_log_max_bytes=s.run_log_max_bytes))
         self.sweep = Sweep(pool=self.pool, sessions=self.sessions, relay=self.relay, interval=s.sweep_interval,
-                           unsend=self.writer.unsend, node_id=s.node_id, offered=lambda: self.offers.ever)
+                           unsend=self.writer.unsend, node_id=s.node_id, offered=lambda: self.offers.ever,
+                           starting=lambda: self.writer.starting)
         self.keepalive = Keepalive(pool=self.pool, sessions=self.sessions, node_id=s.node_id,
                                    interval=s.keepalive_interval)
         # Task events and log wake-ups for ApiService subscribers, on a LISTEN connection of their own

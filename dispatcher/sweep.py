@@ -31,7 +31,7 @@ HANDED_GRACE = 2.0
 class Sweep:
     def __init__(self, *, pool: AsyncConnectionPool, sessions: SessionRegistry, relay: Relay,
                  interval: float, unsend: Callable[[list[str]], None] | None = None, node_id: str = "",
-                 offered: Callable[[], set[str]] = set) -> None:
+                 offered: Callable[[], set[str]] = set, starting: Callable[[], set[str]] = set) -> None:
         self.pool = pool
         self.sessions = sessions
         self.relay = relay
@@ -39,6 +39,7 @@ class Sweep:
         self.unsend = unsend
         self.node_id = node_id
         self.offered = offered  # the queues this node ever offered slots of (dispatcher.offers)
+        self.starting = starting  # tasks sent whose start the writer has not settled (Writer.starting)
         self._wake = asyncio.Event()
 
     def wake(self) -> None:
@@ -63,8 +64,9 @@ class Sweep:
 
     async def put_back_unheard(self) -> int:
         """Put back (PENDING) the tasks producers handed to this node whose NOTIFY it never read
-        (the LISTEN connection was down then): DISPATCHING for it a while, and held by none of its
-        sessions. Returns how many."""
+        (the LISTEN connection was down then): DISPATCHING for it a while, held by none of its
+        sessions, and not sent with a start still on its way (a slow writer's, whose result came
+        back first: putting those back raced the start and ran them twice). Returns how many."""
         queues = sorted(self.offered())
         if self.unsend is None or not queues:
             return 0
@@ -73,6 +75,7 @@ class Sweep:
                                                           "after": HANDED_GRACE})
             found = [task_id for (task_id,) in await cur.fetchall()]
         held = {entry.task_id for session in self.sessions for entry in session.in_flight.values()}
+        held |= self.starting()
         unheard = [task_id for task_id in found if task_id not in held]
         if unheard:
             log.info("dispatcher: %d task(s) handed over unheard; put back", len(unheard))

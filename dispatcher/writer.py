@@ -73,6 +73,9 @@ class Writer:
         self._heard: dict[str, str] = {}  # session id by worker id, of the workers that sent a heartbeat
         self._logs: list[LogLine] = []
         self._acks: list[tuple[str, str]] = []  # (worker id, signal id)
+        # Tasks sent whose start is not settled yet: DISPATCHING in the database, and no longer held
+        # by their session once a result came back first. The sweep must not take them for unheard.
+        self.starting: set[str] = set()
         self._wake = asyncio.Event()
         self._bytes = 0  # what the buffer holds, as `_size` counts it
         self.room = asyncio.Event()  # set while the buffer is under its bound
@@ -81,6 +84,7 @@ class Writer:
     # -- producers (called from stream handlers; never block) --
     def start(self, entry: InFlight, worker_id: str) -> None:
         self._starts.append((entry, worker_id))
+        self.starting.add(entry.task_id)
         self._poke(ITEM)
 
     def result(self, result: Result) -> None:
@@ -270,6 +274,7 @@ class Writer:
 
     def _settle_starts(self, starts: list[tuple[InFlight, str]], started: set[str]) -> None:
         for entry, _ in starts:
+            self.starting.discard(entry.task_id)
             ok = entry.task_id in started
             if not entry.started.done():
                 entry.started.set_result(ok)

@@ -227,11 +227,14 @@ def test_a_dispatcher_offers_the_free_slots_of_its_drained_queues_without_contro
 
 
 def test_the_sweep_puts_back_a_task_handed_over_whose_notify_was_lost():
-    _offer()
+    """Only the first: the second is held by a session, and the third was sent and its result came
+    back (its session let it go) while its start waits in a slow writer's buffer."""
+    _offer(slots=3)
     unheard = task_enqueue(task_name="t", queue="q")
     held = task_enqueue(task_name="t", queue="q")
-    assert unheard.status == held.status == "DISPATCHING"
-    Task.objects.filter(id__in=[unheard.id, held.id]).update(
+    starting = task_enqueue(task_name="t", queue="q")
+    assert unheard.status == held.status == starting.status == "DISPATCHING"
+    Task.objects.filter(id__in=[unheard.id, held.id, starting.id]).update(
         updated_at=timezone.now() - timedelta(seconds=HANDED_GRACE + 1))
     put_back: list[str] = []
 
@@ -244,7 +247,8 @@ def test_the_sweep_puts_back_a_task_handed_over_whose_notify_was_lost():
         await pool.open()
         try:
             sweep = Sweep(pool=pool, sessions=sessions, relay=None, interval=60,  # type: ignore[arg-type]
-                          unsend=put_back.extend, node_id=NODE, offered=lambda: {"q"})
+                          unsend=put_back.extend, node_id=NODE, offered=lambda: {"q"},
+                          starting=lambda: {str(starting.id)})
             return await sweep.put_back_unheard()
         finally:
             await pool.close()

@@ -107,3 +107,23 @@ def test_an_assignment_whose_start_is_not_written_is_cancelled_and_its_result_ig
     assert cancelled == [str(task.id)]
     assert not TaskRun.objects.filter(task_id=task.id).exists()
     assert (Task.objects.get(id=task.id).status, Task.objects.get(id=task.id).claimed_by) == (status, claimed_by)
+
+
+def test_a_sent_task_counts_as_starting_until_its_start_is_written():
+    """What the sweep reads (Writer.starting) so as not to put back a task whose result came back
+    before its start was written."""
+    task = TaskFactory(status="DISPATCHING", claimed_by="test-node")
+
+    async def scenario() -> tuple[bool, bool]:
+        pool = make_pool("writer-test", min_size=1, max_size=2, session=sql.WRITER_SESSION)
+        await pool.open()
+        writer = _writer(pool)
+        entry = InFlight(task_id=str(task.id), run_id=str(uuid.uuid4()), queue=task.queue, attempt=1)
+        writer.start(entry, "w")
+        before = str(task.id) in writer.starting
+        await writer.flush_once()
+        await pool.close()
+        return before, str(task.id) in writer.starting
+
+    assert asyncio.run(scenario()) == (True, False)
+    assert Task.objects.get(id=task.id).status == "RUNNING"
