@@ -43,6 +43,7 @@ class WriterSettings:
     buffer_bytes: int = 32 * 1024 * 1024  # what the buffer may hold before the node waits for it
 
 
+UNSEND_ATTEMPTS = 8  # tries to put back unsent tasks before leaving them to the scheduler's reaper
 ITEM = 200  # bytes counted for each buffered item, besides its text
 HEARTBEAT_ITEM = 64  # and for each task id of a heartbeat
 
@@ -106,10 +107,21 @@ class Writer:
 
     def unsend(self, task_ids: list[str]) -> None:
         """Put back, at once, tasks claimed for sessions that closed before they were sent:
-        DISPATCHING → PENDING, no attempt counted (the scheduler's reaper does it if this fails)."""
+        DISPATCHING → PENDING, no attempt counted. A failed try (a deadlock, a lock wait cut
+        short, the database away) is tried again a few times; past those the scheduler's reaper
+        puts them back, a dispatching timeout later."""
         async def write() -> None:
-            async with self.pool.connection() as conn:
-                await conn.execute(sql.UNSEND, {"task_ids": task_ids, "node_id": self.settings.node_id})
+            for attempt in range(UNSEND_ATTEMPTS):
+                try:
+                    async with self.pool.connection() as conn:
+                        await conn.execute(sql.UNSEND, {"task_ids": task_ids, "node_id": self.settings.node_id})
+                    return
+                except psycopg.Error as exc:
+                    if self.pool.closed:  # the node is stopping: the reaper has them
+                        return
+                    log.warning("dispatcher: putting back %d unsent task(s) failed (%s); try %d of %d",
+                                len(task_ids), exc, attempt + 1, UNSEND_ATTEMPTS)
+                    await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
 
         task = asyncio.get_running_loop().create_task(write())
         self._background.add(task)

@@ -3,6 +3,7 @@
 import asyncio
 import uuid
 
+import psycopg
 import pytest
 
 from dispatcher import sql
@@ -12,6 +13,7 @@ from dispatcher.session import InFlight, SessionRegistry
 from dispatcher.writer import Writer, WriterSettings
 from tasks.models import Task, TaskRun
 from tests.factories import TaskFactory, TaskRunFactory
+from tests.helpers import database_url
 from valka.db import make_pool
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -127,3 +129,29 @@ def test_a_sent_task_counts_as_starting_until_its_start_is_written():
 
     assert asyncio.run(scenario()) == (True, False)
     assert Task.objects.get(id=task.id).status == "RUNNING"
+
+
+def test_unsent_tasks_are_put_back_even_when_the_first_try_fails():
+    """Another transaction holds the task's row past the writer's lock timeout: the first UNSEND
+    fails, and a later try puts the task back, without waiting for the scheduler's reaper."""
+    task = TaskFactory(status="DISPATCHING", claimed_by="test-node")
+
+    async def scenario() -> None:
+        pool = make_pool("writer-test", min_size=1, max_size=2, session="SET lock_timeout = '50ms'")
+        await pool.open()
+        writer = _writer(pool)
+        async with await psycopg.AsyncConnection.connect(database_url()) as holder:
+            await holder.execute("SELECT 1 FROM tasks WHERE id = %s FOR UPDATE", (task.id,))
+            writer.unsend([str(task.id)])
+            await asyncio.sleep(0.3)  # the first tries time out on the lock
+            await holder.rollback()
+            for _ in range(100):
+                await asyncio.sleep(0.05)
+                cur = await holder.execute("SELECT status FROM tasks WHERE id = %s", (task.id,))
+                if (await cur.fetchone()) == ("PENDING",):
+                    break
+            await holder.rollback()
+        await pool.close()
+
+    asyncio.run(scenario())
+    assert Task.objects.get(id=task.id).status == "PENDING"
