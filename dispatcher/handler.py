@@ -14,11 +14,13 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from typing import Any
 
 from psycopg_pool import AsyncConnectionPool
 
 from dispatcher import protocol, sql
 from dispatcher.claimer import Claimer
+from dispatcher.retries import write_retried
 from dispatcher.session import InFlight, SessionRegistry, WorkerSession
 from dispatcher.writer import Writer
 from tasks.sql import outcomes
@@ -137,23 +139,19 @@ class SessionHandler:
                 pass
         started_runs = [e.run_id for e in sent if e.started.done() and e.started.result()]
         lost = [] if self.handing_over else started_runs
-        for attempt in range(CLOSE_ATTEMPTS):
-            try:
-                async with self.pool.connection() as conn, conn.transaction():
-                    if unsent:
-                        await conn.execute(sql.UNSEND, {"task_ids": unsent, "node_id": self.settings.node_id})
-                    if lost:
-                        await outcomes.retry_runs(
-                            conn, lost, [session.worker_id] * len(lost), ["worker disconnected"] * len(lost),
-                            lost=True, retry_params=self.settings.retry_params)
-                    await conn.execute(sql.DISCONNECT_WORKER, {"id": session.worker_id,
-                                                               "session_id": session.session_id})
-                break
-            except Exception as exc:
-                # The scheduler's reaper and janitor recover these if we never get through.
-                log.warning("dispatcher: recording the disconnect of %s failed (%s); retry %d",
-                            session.worker_id, exc, attempt + 1)
-                await asyncio.sleep(min(0.1 * 2**attempt, 2.0))
+        async def record(conn: Any) -> None:
+            async with conn.transaction():
+                if unsent:
+                    await conn.execute(sql.UNSEND, {"task_ids": unsent, "node_id": self.settings.node_id})
+                if lost:
+                    await outcomes.retry_runs(
+                        conn, lost, [session.worker_id] * len(lost), ["worker disconnected"] * len(lost),
+                        lost=True, retry_params=self.settings.retry_params)
+                await conn.execute(sql.DISCONNECT_WORKER, {"id": session.worker_id,
+                                                           "session_id": session.session_id})
+
+        await write_retried(self.pool, record, attempts=CLOSE_ATTEMPTS,
+                            what=f"recording the disconnect of {session.worker_id}")
         log.info("dispatcher: worker %s disconnected (%s): %d unsent, %d running tasks %s",
                  session.worker_id, reason, len(unsent), len(started_runs),
                  "handed over" if self.handing_over else "released")

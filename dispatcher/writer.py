@@ -27,6 +27,7 @@ from psycopg_pool import AsyncConnectionPool
 from dispatcher import sql
 from dispatcher.protocol import LogLine, Result
 from dispatcher.relay import Relay
+from dispatcher.retries import write_retried
 from dispatcher.session import InFlight
 from signals import sql as signals_sql
 from tasks.sql import outcomes
@@ -110,20 +111,11 @@ class Writer:
         DISPATCHING → PENDING, no attempt counted. A failed try (a deadlock, a lock wait cut
         short, the database away) is tried again a few times; past those the scheduler's reaper
         puts them back, a dispatching timeout later."""
-        async def write() -> None:
-            for attempt in range(UNSEND_ATTEMPTS):
-                try:
-                    async with self.pool.connection() as conn:
-                        await conn.execute(sql.UNSEND, {"task_ids": task_ids, "node_id": self.settings.node_id})
-                    return
-                except psycopg.Error as exc:
-                    if self.pool.closed:  # the node is stopping: the reaper has them
-                        return
-                    log.warning("dispatcher: putting back %d unsent task(s) failed (%s); try %d of %d",
-                                len(task_ids), exc, attempt + 1, UNSEND_ATTEMPTS)
-                    await asyncio.sleep(min(0.05 * 2**attempt, 2.0))
+        async def write(conn: Any) -> None:
+            await conn.execute(sql.UNSEND, {"task_ids": task_ids, "node_id": self.settings.node_id})
 
-        task = asyncio.get_running_loop().create_task(write())
+        task = asyncio.get_running_loop().create_task(write_retried(
+            self.pool, write, attempts=UNSEND_ATTEMPTS, what=f"putting back {len(task_ids)} unsent task(s)"))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
