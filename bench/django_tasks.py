@@ -22,6 +22,9 @@ def _rate(count: int, seconds: float) -> float:
     return count / seconds
 
 
+TURNS = 10  # turns of each side in a comparison (see `_in_turns`)
+
+
 def _timed(count: int, desc: str, call: Any) -> float:
     with bar(count, desc) as progress:
         start = time.perf_counter()
@@ -31,27 +34,39 @@ def _timed(count: int, desc: str, call: Any) -> float:
         return time.perf_counter() - start
 
 
+def _in_turns(count: int, sides: dict[str, Any]) -> tuple[int, dict[str, float]]:
+    """Each of `sides` (label → call) called `count` times in all, in TURNS turns that alternate
+    with the other side's; answers the calls per side and the seconds each side took. Each commit
+    waits for the disk, whose slow flushes come in bursts: with two turns a side, four consecutive
+    measurements of the same code in a slow phase of the machine gave ratios from 0.68 to 1.03, as
+    a burst fell on one side or the other. Shorter turns share a burst out between the sides."""
+    each = max(count // TURNS, 1)
+    seconds = dict.fromkeys(sides, 0.0)
+    for turn in range(TURNS):
+        for label, call in sides.items():
+            seconds[label] += _timed(each, f"{label} {turn + 1}/{TURNS}", call)
+    return each * TURNS, seconds
+
+
 def enqueue_in_process(count: int) -> dict[str, Any]:
     """`noop.enqueue()` through the in-process backend, and `valka.enqueue` of the same task,
-    in alternating halves (the machine's speed drifts)."""
+    in turns (`_in_turns`: the machine's speed drifts)."""
     import valka
     from bench.django_jobs import noop
 
     task = noop.using(queue_name=ENQUEUE_QUEUE)
-    half = count // 2
-    django_s = valka_s = 0.0
-    for _ in range(2):
-        django_s += _timed(half, "Task.enqueue() in-process", task.enqueue)
-        valka_s += _timed(half, "valka.enqueue (beside it)",
-                          lambda: valka.enqueue(NOOP, queue=ENQUEUE_QUEUE, input={"args": [], "kwargs": {}}))
-    n = half * 2
+    n, seconds = _in_turns(count, {
+        "Task.enqueue() in-process": task.enqueue,
+        "valka.enqueue (beside it)": lambda: valka.enqueue(NOOP, queue=ENQUEUE_QUEUE,
+                                                          input={"args": [], "kwargs": {}})})
+    django_s, valka_s = seconds.values()
     return {"rate_per_s": _rate(n, django_s), "valka_enqueue_rate_per_s": _rate(n, valka_s),
             "ratio": valka_s / django_s, "count": n}
 
 
 def enqueue_remote(url: str, api_key: str, count: int) -> dict[str, Any]:
     """`noop.enqueue()` through the REST backend (outside a transaction: one POST each), and
-    `Client.create_task` of the same body, in alternating halves."""
+    `Client.create_task` of the same body, in turns (`_in_turns`)."""
     from django.test.utils import override_settings
 
     from bench.django_jobs import noop
@@ -63,12 +78,10 @@ def enqueue_remote(url: str, api_key: str, count: int) -> dict[str, Any]:
         task = noop.using(queue_name=ENQUEUE_QUEUE)
         task.enqueue()  # both connections are open before the timing starts
         client.create_task(NOOP, queue=ENQUEUE_QUEUE)
-        half = count // 2
-        django_s = rest_s = 0.0
-        for _ in range(2):
-            django_s += _timed(half, "Task.enqueue() over REST", task.enqueue)
-            rest_s += _timed(half, "REST create (beside it)", lambda: client.create_task(
-                NOOP, queue=ENQUEUE_QUEUE, input={"args": [], "kwargs": {}}, priority=0))
-    n = half * 2
+        n, seconds = _in_turns(count, {
+            "Task.enqueue() over REST": task.enqueue,
+            "REST create (beside it)": lambda: client.create_task(
+                NOOP, queue=ENQUEUE_QUEUE, input={"args": [], "kwargs": {}}, priority=0)})
+    django_s, rest_s = seconds.values()
     return {"rate_per_s": _rate(n, django_s), "rest_create_rate_per_s": _rate(n, rest_s),
             "ratio": rest_s / django_s, "count": n}
