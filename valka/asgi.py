@@ -16,6 +16,10 @@ Every request body is read here, before either handler sees it, and within limit
   read, and so is an `Authorization` header that names no live API key (the key, or the session
   behind a cookie, is looked up in a web thread first). Django then checks the session fully,
   and the CSRF token with it;
+- but the REST create with an API key and a body announced at no more than ANONYMOUS_BODY_LIMIT
+  bytes has its body read first: the key's look-up and the create then take one hand-over to a
+  web thread, without Django's request cycle (tasks.api.direct), and a key that is not live gets
+  the same 401;
 - elsewhere (the admin's login page, say) a caller with no signed-in session has at most
   ANONYMOUS_BODY_LIMIT bytes of its body read, and a 413 past them;
 - no more than DATA_UPLOAD_MAX_MEMORY_SIZE bytes are read: a `Content-Length` announcing more is
@@ -55,6 +59,7 @@ from django.db import close_old_connections  # noqa: E402
 from django.http.cookie import parse_cookie  # noqa: E402
 from django.urls import Resolver404, resolve  # noqa: E402
 
+from tasks.api import direct  # noqa: E402
 from tasks.api.auth import KEY_ENVIRON, api_key_live_apart  # noqa: E402
 from tasks.api.errors import error_body  # noqa: E402
 from tasks.models import ApiKey  # noqa: E402
@@ -97,14 +102,16 @@ class Application:
         """A caller the REST API would refuse is refused before its body is read; the body is read
         within the limit; then a sync view runs in a thread, an async one on Django's ASGI handler."""
         api = _is_api(_path_info(scope))
+        if api and _direct(scope):
+            await self.direct_create(scope, receive, send)
+            return
         key = None
         known = True  # the caller is known, or need not be: the whole limit applies to its body
         if _has_body(scope):
             if api and not valka_settings.API_ANONYMOUS:
                 refusal, key = await self._refusal(scope)
                 if refusal is not None:
-                    await _send_error(send, 401, "UNAUTHORIZED", refusal, api=True,
-                                      headers=[(b"www-authenticate", b"Bearer")])
+                    await _send_unauthorized(send, refusal)
                     return
             elif not api:
                 known = await self._signed_in(scope)
@@ -129,6 +136,32 @@ class Application:
                 await self.asgi(scope, _replay(body.getvalue(), receive), send)
             else:
                 await self.sync_request(scope, body, size, send, key)
+        finally:
+            _close(body)
+
+    async def direct_create(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
+        """A REST create with an API key and a small body (`_direct`): the body read, then the key's
+        look-up and the create in one web thread (tasks.api.direct). What that path hands back
+        goes to the whole stack, with the live key it found."""
+        try:
+            read = await _read_body(receive, _content_length(scope))
+        except _BodyTooLarge:  # more than announced: the server's framing allows no such thing
+            await _send_error(send, 400, "VALIDATION_ERROR", "body: longer than its Content-Length",
+                              {"body": ["longer than its Content-Length"]}, api=True)
+            return
+        if read is None:
+            return  # the client went away
+        body, size = read
+        try:
+            outcome = await self._in_thread(direct.create, _environ(scope, body, size))
+            if outcome.answer is not None:
+                status, headers, content = outcome.answer
+                await send({"type": "http.response.start", "status": status, "headers": headers})
+                await send({"type": "http.response.body", "body": content})
+            elif outcome.key is None:
+                await _send_unauthorized(send, "invalid API key")
+            else:
+                await self.sync_request(scope, body, size, send, outcome.key)
         finally:
             _close(body)
 
@@ -232,6 +265,18 @@ def _is_async_path(urlconf: str, path: str) -> bool:
         return False
 
 
+def _direct(scope: dict[str, Any]) -> bool:
+    """Whether the request goes to the REST create's direct path (tasks.api.direct): a candidate
+    there, with a body announced by its Content-Length and small enough to be read before the key
+    is looked up (in the same hand-over to a web thread), as a caller not signed in may send to
+    the admin's login page."""
+    length = _content_length(scope)
+    return (length is not None and 0 < length <= min(ANONYMOUS_BODY_LIMIT, _body_limit(False) or length)
+            and not _header(scope, b"transfer-encoding")
+            and direct.candidate(_path_info(scope), scope["method"],
+                                 _header(scope, b"authorization").decode("latin-1")))
+
+
 def _path_info(scope: dict[str, Any]) -> str:
     """The request path below the application's root path."""
     root = scope.get("root_path", "")
@@ -300,6 +345,10 @@ def _body_limit(is_async: bool) -> int | None:
         memory = settings.FILE_UPLOAD_MAX_MEMORY_SIZE
         limit = memory if limit is None else min(limit, memory)
     return limit
+
+
+async def _send_unauthorized(send: Send, message: str) -> None:
+    await _send_error(send, 401, "UNAUTHORIZED", message, api=True, headers=[(b"www-authenticate", b"Bearer")])
 
 
 async def _send_error(send: Send, status: int, code: str, message: str, details: dict[str, Any] | None = None,

@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from typing import Any
 
 from asgiref.sync import iscoroutinefunction
@@ -42,18 +42,23 @@ def TraceContextMiddleware(get_response: Callable[[Any], Any]) -> Callable[[Any]
     """Requests that carry a `traceparent` header (or any, with a tracer provider set) run in its context."""
     if iscoroutinefunction(get_response):
         async def middleware_async(request: Any) -> Any:
-            if "HTTP_TRACEPARENT" not in request.META and not tracing.enabled():
-                return await get_response(request)
-            with attached(request.headers):
+            with request_attached(request):
                 return await get_response(request)
         return middleware_async
 
     def middleware(request: Any) -> Any:
-        if "HTTP_TRACEPARENT" not in request.META and not tracing.enabled():
-            return get_response(request)
-        with attached(request.headers):
+        with request_attached(request):
             return get_response(request)
     return middleware
+
+
+def request_attached(request: Any) -> AbstractContextManager[None]:
+    """Inside the trace context of a Django request, as TraceContextMiddleware runs it (and the REST
+    create taken without the middleware, tasks.api.direct); nothing to do for a request without a
+    `traceparent` header while no tracer provider is set."""
+    if "HTTP_TRACEPARENT" not in request.META and not tracing.enabled():
+        return nullcontext()
+    return attached(request.headers)
 
 
 def configure(process: str) -> bool:

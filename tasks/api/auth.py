@@ -85,6 +85,14 @@ def api_key_of(authorization: str) -> ApiKey | None:
     return api_key_live(key.strip())
 
 
+def note_use(record: ApiKey) -> None:
+    """Set the key's `last_used_at`, at most once a minute: a write on every request would cost
+    each call a row lock on the key and an update."""
+    now = timezone.now()
+    if record.last_used_at is None or (now - record.last_used_at).total_seconds() > 60:
+        ApiKey.objects.filter(pk=record.pk).update(last_used_at=now)
+
+
 def open_to_anonymous(sent_key: bool) -> bool:
     """Whether VALKA_API_ANONYMOUS lets this caller through unchecked: only one that sends no key.
     A key sent is held to its scope (and a wrong one refused) whatever the setting, in every way in
@@ -131,9 +139,7 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         record = request.META.get(KEY_ENVIRON) or api_key_live(key.strip())
         if record is None:
             raise exceptions.AuthenticationFailed("invalid API key")
-        now = timezone.now()
-        if record.last_used_at is None or (now - record.last_used_at).total_seconds() > 60:
-            ApiKey.objects.filter(pk=record.pk).update(last_used_at=now)
+        note_use(record)
         return ApiKeyPrincipal(record), record
 
     def authenticate_header(self, request: Any) -> str:

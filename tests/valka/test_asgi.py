@@ -1,5 +1,6 @@
 """The ASGI entry (valka.asgi) and request bodies: a caller the REST API would refuse is refused
-before its body is read, the size limit applies while the body arrives, and nothing blocking
+before its body is read (but for a create's small body, tests/tasks/api/test_direct.py), the size
+limit applies while the body arrives, and nothing blocking
 (a temporary file) runs on the event loop. Driven with hand-made scope, receive and send.
 
 The requests run on the app's web threads, on connections of their own: the rows a test makes
@@ -19,79 +20,14 @@ from django.test import Client
 
 from tasks.api.auth import api_key_create
 from tasks.models import Task
+from tests.asgi_calls import CHUNK, Request, assert_api_error, bearer, call
 from valka import asgi
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
-URL = "/api/v1/tasks"
 KiB = 1024
 MiB = 1024 * KiB
-CHUNK = 64 * KiB
 TASK = json.dumps({"task_name": "t", "queue": "q"}).encode()
-
-
-class Request:
-    """One request's client side: `receive` hands out the body in CHUNK-sized messages and counts
-    what it handed out; `send` keeps the response."""
-
-    def __init__(self, size: int | None = None, body: bytes | None = None) -> None:
-        self.body = body
-        self.size = len(body) if body is not None else size or 0
-        self.handed = 0  # body bytes given to the app
-        self.calls = 0  # receive() calls
-        self.messages: list[dict[str, Any]] = []
-
-    async def receive(self) -> dict[str, Any]:
-        self.calls += 1
-        if self.handed >= self.size and self.calls > 1:
-            return {"type": "http.disconnect"}  # asked again once the body is all out: the client is gone
-        n = min(CHUNK, self.size - self.handed)
-        chunk = self.body[self.handed:self.handed + n] if self.body is not None else b"x" * n
-        self.handed += n
-        return {"type": "http.request", "body": chunk, "more_body": self.handed < self.size}
-
-    async def send(self, message: dict[str, Any]) -> None:
-        self.messages.append(message)
-
-    @property
-    def status(self) -> int:
-        return self.messages[0]["status"]
-
-    @property
-    def headers(self) -> dict[bytes, bytes]:
-        return dict(self.messages[0]["headers"])
-
-    def json(self) -> dict[str, Any]:
-        return json.loads(b"".join(m.get("body", b"") for m in self.messages[1:]))
-
-
-def call(request: Request, path: str = URL, *, method: str = "POST", headers: dict[str, str] | None = None,
-         announce: bool = True, app: Any = None) -> Request:
-    """Run one request through the app. `announce`: a Content-Length, else a chunked body."""
-    sent = [(b"host", b"testserver"), (b"content-type", b"application/json")]
-    if request.size:
-        sent.append((b"content-length", str(request.size).encode()) if announce
-                    else (b"transfer-encoding", b"chunked"))
-    sent += [(name.lower().encode(), value.encode()) for name, value in (headers or {}).items()]
-    scope = {
-        "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
-        "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"",
-        "root_path": "", "headers": sent, "client": ("127.0.0.1", 40000), "server": ("testserver", 80),
-    }
-    asyncio.run((app or asgi.application)(scope, request.receive, request.send))
-    return request
-
-
-def assert_api_error(request: Request, status: int, code: str) -> dict[str, Any]:
-    assert request.status == status, request.messages
-    assert request.headers[b"content-type"] == b"application/json"
-    body = request.json()
-    assert set(body) == {"error", "message", "details"} and body["error"] == code
-    return body
-
-
-def bearer(key: str) -> dict[str, str]:
-    return {"Authorization": f"Bearer {key}"}
 
 
 @pytest.fixture
@@ -145,13 +81,17 @@ def test_a_wrong_key_is_refused_before_the_body_is_read(authorization, key, temp
     assert temp_files == [] and Task.objects.count() == 0
 
 
-def test_a_revoked_key_is_refused_before_the_body_is_read():
+@pytest.mark.parametrize("size", [10 * MiB, len(TASK)], ids=["large", "small"])
+def test_a_revoked_key_is_refused(size):
+    """Before a large body is read; a small one to the create is read first, and the key looked up
+    in the same hand-over to a web thread (tasks.api.direct)."""
     record, key = api_key_create(name="old")
     record.revoked = True
     record.save()
-    request = call(Request(body=TASK), headers=bearer(key))
+    request = call(Request(size=size, body=TASK if size == len(TASK) else None), headers=bearer(key))
     assert_api_error(request, 401, "UNAUTHORIZED")
-    assert request.handed == 0 and Task.objects.count() == 0
+    assert request.headers[b"www-authenticate"] == b"Bearer"
+    assert request.handed == (0 if size > asgi.ANONYMOUS_BODY_LIMIT else size) and Task.objects.count() == 0
 
 
 def test_the_key_look_up_holds_no_database_connection_afterwards():

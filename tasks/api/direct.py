@@ -1,0 +1,200 @@
+"""The REST create (`POST /api/v1/tasks`) from an API key, answered without Django's request cycle.
+
+One create through the whole stack spent most of the web process's CPU on what does not serve
+its result: the WSGI request and its middleware chain, DRF's dispatch (authentication,
+permissions, negotiation, parsing, the response's rendering and finalising), and a second
+hand-over to a web thread for the key's look-up made before the body was read. Producers send
+creates by the thousand, nearly all alike: a key, a small JSON body, nothing else. valka.asgi
+hands such a request (`candidate`) here, in one web thread, and `create` answers it with the
+same steps the stack would take and the same answer:
+
+- the key is looked up, and a key that is not live is refused (valka.asgi answers 401, as it
+  answers before reading a body elsewhere);
+- the host is checked against ALLOWED_HOSTS, and the request phases of the middleware that has
+  any for such a request run (SecurityMiddleware's HTTPS redirect, CommonMiddleware's checks);
+- the key's scope must allow creating tasks, its use is noted (`auth.note_use`), and the body is
+  parsed and validated by the API's own parser and `parse_task_spec`;
+- the task is created by the service, in the request's trace context (TraceContextMiddleware's);
+- the answer is the API's renderer's, with DRF's `Allow` header, through the response phases of
+  the same middleware (the security headers, X-Frame-Options).
+
+Anything else, before a write, is handed back (`Outcome.key` set, `answer` None) for the full
+stack to answer, the key it found handed on: an Accept or Content-Type other than plain JSON, a
+query string, a scope that falls short, a body that fails validation, a redirect, a host not
+allowed. Those requests then pay for the stack, as every request did before, and get its exact
+answer: only the common success is answered here. A failure after the INSERT (a lost
+connection) gets Django's own answer for it (`response_for_exception`), never a second try.
+
+The path is off altogether (`ENABLED`) when settings add middleware it does not stand in for,
+or give the view other authentication, permission, parser, renderer or throttle classes than
+the API's own: then every request takes the stack. tests/tasks/api/test_direct.py holds the
+two paths to the same answers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from django.conf import settings
+from django.core import signals
+from django.core.exceptions import DisallowedHost
+from django.core.handlers.exception import response_for_exception
+from django.core.handlers.wsgi import WSGIRequest
+from django.http import HttpResponse
+from django.urls import Resolver404, resolve
+from django.utils.module_loading import import_string
+
+from tasks import services
+from tasks.api import auth
+from tasks.api.negotiation import JSON, PLAIN_ACCEPTS, ValkaContentNegotiation
+from tasks.api.parsers import ValkaJSONParser
+from tasks.api.renderers import ValkaJSONRenderer
+from tasks.api.serializers import task_data
+from tasks.api.views import TaskViewSet
+from tasks.errors import ValkaError
+from tasks.models import ApiKey
+from tasks.specs import parse_json_text, parse_task_spec
+from valka.tracing import request_attached
+
+# Middleware with nothing to do for a key's create: the session, its user, messages and CSRF
+# serve the admin's signed-in users (DRF's views are exempt from CSRF, and a key needs none);
+# WhiteNoise serves only static files.
+IDLE_MIDDLEWARE = frozenset({
+    "whitenoise.middleware.WhiteNoiseMiddleware",
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.middleware.csrf.CsrfViewMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+})
+# Middleware whose request and response phases run here, as the stack runs them.
+RUN_MIDDLEWARE = frozenset({
+    "django.middleware.security.SecurityMiddleware",
+    "django.middleware.common.CommonMiddleware",
+    "django.middleware.clickjacking.XFrameOptionsMiddleware",
+})
+TRACE_MIDDLEWARE = "valka.tracing.TraceContextMiddleware"  # `request_attached`
+# What DRF's finalize_response puts in the create's answer: the methods of its route.
+ALLOW = "GET, POST, HEAD, OPTIONS"
+JSON_TYPES = frozenset({JSON, f"{JSON}; charset=utf-8"})
+
+_render = ValkaJSONRenderer().render
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What `create` did: `answer` (status, headers, body) when it answered; otherwise the full
+    stack answers, with `key`, the live key found, or 401 when there is none."""
+
+    key: ApiKey | None
+    answer: tuple[int, list[tuple[bytes, bytes]], bytes] | None = None
+
+
+def _enabled() -> tuple[bool, list[Any]]:
+    """Whether the settings leave the create as this module answers it, and the middleware whose
+    phases it runs (instances, in settings order)."""
+    names = list(settings.MIDDLEWARE)
+    if not set(names) <= IDLE_MIDDLEWARE | RUN_MIDDLEWARE | {TRACE_MIDDLEWARE}:
+        return False, []
+    view = TaskViewSet
+    if (list(view.authentication_classes)[:1] != [auth.ApiKeyAuthentication]
+            or list(view.permission_classes) != [auth.ApiAccess]
+            or list(view.parser_classes) != [ValkaJSONParser]
+            or list(view.renderer_classes) != [ValkaJSONRenderer]
+            or view.content_negotiation_class is not ValkaContentNegotiation
+            or view.throttle_classes or view.versioning_class is not None):
+        return False, []
+    return True, [import_string(name)(_unused) for name in names if name in RUN_MIDDLEWARE]
+
+
+def _unused(request: Any) -> Any:
+    raise AssertionError("the direct create runs the middleware's phases, never its chain")
+
+
+ENABLED, _MIDDLEWARE = _enabled()
+
+
+def candidate(path: str, method: str, authorization: str) -> bool:
+    """Whether a request may be answered here, by what valka.asgi sees before reading its body:
+    a POST to the create's route with an API key. The rest is judged by `create`."""
+    if not ENABLED or method != "POST" or not _is_create(settings.ROOT_URLCONF, path):
+        return False
+    scheme, _, key = authorization.partition(" ")
+    return scheme.lower() == "bearer" and bool(key.strip())
+
+
+_create_paths: dict[tuple[str, str], bool] = {}
+
+
+def _is_create(urlconf: str, path: str) -> bool:
+    """Whether `path` routes to TaskViewSet's create (remembered per path, a few at most)."""
+    known = _create_paths.get((urlconf, path))
+    if known is None:
+        try:
+            func = resolve(path, urlconf).func
+        except Resolver404:
+            known = False
+        else:
+            known = getattr(func, "cls", None) is TaskViewSet and getattr(func, "actions", {}).get("post") == "create"
+        if len(_create_paths) < 64:
+            _create_paths[(urlconf, path)] = known
+    return known
+
+
+def create(environ: dict[str, Any]) -> Outcome:
+    """In a web thread: the create `environ` asks for (a `candidate`, its body read), as the
+    module's docstring says. Begins and ends as Django's handler does a request (its signals: the
+    thread's database connection back to the pool afterwards)."""
+    signals.request_started.send(sender=create, environ=environ)
+    try:
+        request = WSGIRequest(environ)
+        key = auth.api_key_live(request.META["HTTP_AUTHORIZATION"].partition(" ")[2].strip())
+        if key is None:
+            return Outcome(key=None)
+        with request_attached(request):
+            return _create(request, key, environ["wsgi.input"].getvalue())
+    finally:
+        signals.request_finished.send(sender=create)
+
+
+def _create(request: WSGIRequest, key: ApiKey, body: bytes) -> Outcome:
+    handed_back = Outcome(key=key)
+    if (request.META.get("QUERY_STRING") or request.META.get("HTTP_ACCEPT", "*/*") not in PLAIN_ACCEPTS
+            or request.META.get("CONTENT_TYPE", "").lower() not in JSON_TYPES
+            or not key.allows(auth.CREATE_TASKS.scope)):
+        return handed_back
+    try:
+        request.get_host()
+    except DisallowedHost:
+        return handed_back
+    for middleware in _MIDDLEWARE:
+        process = getattr(middleware, "process_request", None)
+        try:
+            if process is not None and process(request) is not None:
+                return handed_back  # a redirect: the stack's to give
+        except Exception:  # noqa: BLE001 - a refusal (a user agent not allowed): the stack's to give
+            return handed_back
+    auth.note_use(key)
+    try:
+        spec = parse_task_spec(parse_json_text(body.decode(request.encoding or settings.DEFAULT_CHARSET)))
+    except (ValkaError, ValueError, LookupError, RecursionError):
+        return handed_back  # the stack answers it with the error
+    try:
+        task, created = services.task_create(spec=spec)
+    except ValkaError:
+        return handed_back  # written nothing (ids reused concurrently): the stack tries again
+    except Exception as exc:  # noqa: BLE001 - answered as Django answers it
+        response = response_for_exception(request, exc)
+    else:
+        try:
+            response = HttpResponse(_render(task_data(task)), status=201 if created else 200, content_type=JSON)
+            response["Allow"] = ALLOW
+        except Exception as exc:  # noqa: BLE001 - the task is created: answered as Django answers it
+            response = response_for_exception(request, exc)
+    for middleware in reversed(_MIDDLEWARE):
+        process = getattr(middleware, "process_response", None)
+        if process is not None:
+            response = process(request, response)
+    headers = [*response.items(), *(("Set-Cookie", c.output(header="")) for c in response.cookies.values())]
+    encoded = [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in headers]
+    return Outcome(key=key, answer=(response.status_code, encoded, response.content))
