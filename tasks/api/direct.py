@@ -38,7 +38,6 @@ from typing import Any
 
 from django.conf import settings
 from django.core import signals
-from django.core.exceptions import DisallowedHost
 from django.core.handlers.exception import response_for_exception
 from django.core.handlers.wsgi import WSGIRequest
 from django.http import HttpResponse
@@ -54,7 +53,7 @@ from tasks.api.serializers import task_data
 from tasks.api.views import TaskViewSet
 from tasks.errors import ValkaError
 from tasks.models import ApiKey
-from tasks.specs import parse_json_text, parse_task_spec
+from tasks.specs import TaskSpec, parse_json_text, parse_task_spec
 from valka.tracing import request_attached
 
 # Middleware with nothing to do for a key's create: the session, its user, messages and CSRF
@@ -157,28 +156,30 @@ def create(environ: dict[str, Any]) -> Outcome:
         signals.request_finished.send(sender=create)
 
 
-def _create(request: WSGIRequest, key: ApiKey, body: bytes) -> Outcome:
-    handed_back = Outcome(key=key)
+def _plain_spec(request: WSGIRequest, key: ApiKey, body: bytes) -> TaskSpec | None:
+    """The task a plain create asks for, its key's use noted; None for what the stack is to answer
+    (whatever fails here, before a write, fails there again and gets its answer)."""
     if (request.META.get("QUERY_STRING") or request.META.get("HTTP_ACCEPT", "*/*") not in PLAIN_ACCEPTS
             or request.META.get("CONTENT_TYPE", "").lower() not in JSON_TYPES
             or not key.allows(auth.CREATE_TASKS.scope)):
-        return handed_back
+        return None
     try:
-        request.get_host()
-    except DisallowedHost:
-        return handed_back
-    for middleware in _MIDDLEWARE:
-        process = getattr(middleware, "process_request", None)
-        try:
+        request.get_host()  # DisallowedHost
+        for middleware in _MIDDLEWARE:
+            process = getattr(middleware, "process_request", None)
             if process is not None and process(request) is not None:
-                return handed_back  # a redirect: the stack's to give
-        except Exception:  # noqa: BLE001 - a refusal (a user agent not allowed): the stack's to give
-            return handed_back
-    auth.note_use(key)
-    try:
-        spec = parse_task_spec(parse_json_text(body.decode(request.encoding or settings.DEFAULT_CHARSET)))
-    except (ValkaError, ValueError, LookupError, RecursionError):
-        return handed_back  # the stack answers it with the error
+                return None  # a redirect
+        auth.note_use(key)
+        return parse_task_spec(parse_json_text(body.decode(request.encoding or settings.DEFAULT_CHARSET)))
+    except Exception:  # noqa: BLE001 - a host or user agent refused, a body not valid, a database error
+        return None
+
+
+def _create(request: WSGIRequest, key: ApiKey, body: bytes) -> Outcome:
+    handed_back = Outcome(key=key)
+    spec = _plain_spec(request, key, body)
+    if spec is None:
+        return handed_back
     try:
         task, created = services.task_create(spec=spec)
     except ValkaError:
