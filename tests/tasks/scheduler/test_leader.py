@@ -14,7 +14,9 @@ pytestmark = pytest.mark.django_db(transaction=True)
 
 
 def candidate(name: str, key: int) -> Leader:
-    return Leader(conninfo(application_name=name), key=key, retry_interval=0.1, check_interval=0.1,
+    """A candidate whose connections carry `name` and the test's `key`: tests running at once on
+    one server (pytest-xdist) must not terminate each other's connections by name."""
+    return Leader(conninfo(application_name=f"{name}-{key}"), key=key, retry_interval=0.1, check_interval=0.1,
                   check_timeout=2.0)
 
 
@@ -46,7 +48,7 @@ def test_one_leader_then_takeover_when_its_connection_dies():
         await asyncio.sleep(0.5)  # b campaigns a few times meanwhile
         assert a.is_leader and not b.is_leader
 
-        assert await terminate("valka-test-leader-a") == 1
+        assert await terminate(f"valka-test-leader-a-{key}") == 1
         # Liveness bounds only: a notices within a few checks, b wins within a few tries.
         assert await until(a.standby, 3), "a leader whose lock connection died steps down"
         assert await until(b.leading, 5), "the standby takes over"
