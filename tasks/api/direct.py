@@ -33,6 +33,7 @@ two paths to the same answers.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,22 +123,14 @@ def candidate(path: str, method: str, authorization: str) -> bool:
     return scheme.lower() == "bearer" and bool(key.strip())
 
 
-_create_paths: dict[tuple[str, str], bool] = {}
-
-
+@functools.lru_cache(maxsize=64)
 def _is_create(urlconf: str, path: str) -> bool:
-    """Whether `path` routes to TaskViewSet's create (remembered per path, a few at most)."""
-    known = _create_paths.get((urlconf, path))
-    if known is None:
-        try:
-            func = resolve(path, urlconf).func
-        except Resolver404:
-            known = False
-        else:
-            known = getattr(func, "cls", None) is TaskViewSet and getattr(func, "actions", {}).get("post") == "create"
-        if len(_create_paths) < 64:
-            _create_paths[(urlconf, path)] = known
-    return known
+    """Whether `path` routes to TaskViewSet's create (remembered per path)."""
+    try:
+        func = resolve(path, urlconf).func
+    except Resolver404:
+        return False
+    return getattr(func, "cls", None) is TaskViewSet and getattr(func, "actions", {}).get("post") == "create"
 
 
 def create(environ: dict[str, Any]) -> Outcome:
@@ -147,7 +140,7 @@ def create(environ: dict[str, Any]) -> Outcome:
     signals.request_started.send(sender=create, environ=environ)
     try:
         request = WSGIRequest(environ)
-        key = auth.api_key_live(request.META["HTTP_AUTHORIZATION"].partition(" ")[2].strip())
+        key = auth.api_key_of(request.META["HTTP_AUTHORIZATION"])
         if key is None:
             return Outcome(key=None)
         with request_attached(request):
