@@ -236,24 +236,33 @@ def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = L
     """Enqueue `count` stamp tasks at `rate`/s with idle workers; p50/p99 of start − enqueue, and,
     given the dispatcher's hop log, where the time went.
 
-    Given `floor_url`, a bare INSERT + commit in that database (bench/floor.py `commit_timer`)
-    takes turns with the enqueues, half an interval after each: a durable commit's own p50/p99 at
-    the same pace and in the same moments (`commit_floor`), which the figures counted from the
-    enqueue's call cannot beat."""
-    from bench import floor
+    Given `floor_url`, two floors in that database take turns with the enqueues, half an interval
+    after each, at the same pace and in the same moments: a bare INSERT + commit (bench/floor.py
+    `commit_timer`), a durable commit's own p50/p99 (`commit_floor`), which the figures counted
+    from the enqueue's call cannot beat; then a row and its NOTIFY relayed to a worker process
+    over the worker stream (bench/latency_floor.py), the way to a handler with none of Valka's
+    work on it (`delivery_floor`)."""
+    from bench import floor, latency_floor
 
     commits: list[float] = []
+    delivered: dict[str, Any] = {}
     if floor_url is None:
         moments = stamps(database_url, count=count, rate=rate, queue=queue, label=label)
     else:
         with psycopg.connect(floor_url, autocommit=True) as conn:
             conn.execute(floor.SCHEMA)
             commit = floor.commit_timer(conn)
-            moments = stamps(database_url, count=count, rate=rate, queue=queue, label=label,
-                             beside=lambda: commits.append(commit()))
+            with latency_floor.delivery(floor_url) as delivery:
+                def beside() -> None:
+                    commits.append(commit())
+                    delivery.send()
+
+                moments = stamps(database_url, count=count, rate=rate, queue=queue, label=label, beside=beside)
+                delivered = delivery.figures()
     out = latency_figures(moments, rate)
     if commits:
         out["commit_floor"] = latency_summary(commits)
+        out["delivery_floor"] = delivered
     if hop_log is not None:
         out["hops"] = hops(hop_log, moments)
     return out

@@ -125,6 +125,12 @@ def rows(results: dict[str, Any]) -> list[Row]:
          False),
         ("  a bare INSERT + commit beside it, p99", "ms", "", _get(v, "latency", "commit_floor", "p99_ms"), none,
          False),
+        # A row and its NOTIFY relayed to a worker process over the worker stream, in the same
+        # turns (bench/latency_floor.py): the way to a handler with none of Valka's work on it.
+        *((f"  the delivery floor beside it, {q}, from the {end}", "ms", "",
+           _get(v, "latency", "delivery_floor", *path), none, False)
+          for q, end, path in (("p50", "return", ("p50_ms",)), ("p99", "return", ("p99_ms",)),
+                               ("p50", "call", ("from_call", "p50_ms")), ("p99", "call", ("from_call", "p99_ms")))),
         # The big table and the empty one in turns (bench/scale.py): median (min–max of the rounds),
         # and p99 (min–max of the chunks' p99).
         ("drain, empty table, in turns with the big one", "tasks/s", "",

@@ -69,11 +69,16 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
             in shown
         assert "|   CPU per task: all, max_running | µs CPU |" in shown
         assert Task.objects.filter(queue=drain.KEYED_QUEUE).values("concurrency_key").distinct().count() == 30
-        with floor_table():  # with the bare commit in turns with the enqueues
+        with floor_table():  # with the floors in turns with the enqueues
             waited = drain.latency(database_url(), count=5, rate=50, hop_log=hop_log, floor_url=database_url())
             with psycopg.connect(database_url(), autocommit=True) as conn:
                 committed = conn.execute("SELECT count(*) FROM floor_jobs WHERE queue = 'latency'").fetchone()[0]
         assert waited["commit_floor"]["samples"] == committed == 5 and waited["commit_floor"]["p50_ms"] > 0
+        # Each relayed row arrived in the receiving process after its INSERT + NOTIFY was called.
+        relayed = waited["delivery_floor"]
+        assert relayed["samples"] == relayed["from_call"]["samples"] == 5
+        assert 0 < relayed["from_call"]["p50_ms"] <= relayed["from_call"]["p99_ms"] < 5000
+        assert relayed["p50_ms"] <= relayed["from_call"]["p50_ms"]
         # From the call's start a handler cannot have started yet; from its return it can seem to
         # have, on a busy machine that runs the worker before the enqueuing thread again.
         assert waited["samples"] == 5 and waited["p50_ms"] <= waited["p99_ms"] < 5000
@@ -87,6 +92,8 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         shown = report.table({"valka": {"latency": waited}})
         assert "| claim (CLAIM_IDS or CLAIM, one round trip) |" in shown
         assert f"|   a bare INSERT + commit beside it, p99 | ms |  | {waited['commit_floor']['p99_ms']:.1f} |" in shown
+        assert (f"|   the delivery floor beside it, p99, from the return | ms |  | {relayed['p99_ms']:.1f} |"
+                in shown)
     finally:
         stack.stop_all()
 
