@@ -60,7 +60,7 @@ from django.http.cookie import parse_cookie  # noqa: E402
 from django.urls import Resolver404, resolve  # noqa: E402
 
 from tasks.api import direct  # noqa: E402
-from tasks.api.auth import KEY_ENVIRON, api_key_live_apart  # noqa: E402
+from tasks.api.auth import KEY_ENVIRON, api_key_live_apart, bearer_key  # noqa: E402
 from tasks.api.errors import error_body  # noqa: E402
 from tasks.models import ApiKey  # noqa: E402
 from valka.conf import refuse_development_key, valka_settings  # noqa: E402
@@ -173,10 +173,10 @@ class Application:
         authentication does."""
         authorization = _header(scope, b"authorization").decode("latin-1")
         if authorization:
-            scheme, _, key = authorization.partition(" ")
-            if scheme.lower() != "bearer" or not key.strip():
+            key = bearer_key(authorization)
+            if key is None:
                 return "invalid authorization header", None
-            live = await self._in_thread(api_key_live_apart, key.strip())
+            live = await self._in_thread(api_key_live_apart, key)
             return (None, live) if live is not None else ("invalid API key", None)
         if await self._signed_in(scope):
             return None, None

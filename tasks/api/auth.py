@@ -77,12 +77,18 @@ def _key_of(row: tuple | None) -> ApiKey | None:
     return None if row is None else ApiKey.from_db(DEFAULT_DB_ALIAS, api_keys.KEY_FIELDS, row)
 
 
+def bearer_key(authorization: str) -> str | None:
+    """The key an `Authorization` value (`Bearer <key>`) carries, or None when it is not one: the
+    one reading of the header for every way in (valka.asgi, the direct create, DRF, gRPC)."""
+    scheme, _, key = authorization.partition(" ")
+    key = key.strip()
+    return key if scheme.lower() == "bearer" and key else None
+
+
 def api_key_of(authorization: str) -> ApiKey | None:
     """The live key an `Authorization` value (`Bearer <key>`) names, or None (for gRPC's ApiService)."""
-    scheme, _, key = authorization.partition(" ")
-    if scheme.lower() != "bearer" or not key.strip():
-        return None
-    return api_key_live(key.strip())
+    key = bearer_key(authorization)
+    return None if key is None else api_key_live(key)
 
 
 def note_use(record: ApiKey) -> None:
@@ -133,10 +139,10 @@ class ApiKeyAuthentication(authentication.BaseAuthentication):
         header = authentication.get_authorization_header(request).decode("latin-1")
         if not header:
             return None
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
+        key = bearer_key(header)
+        if key is None:
             raise exceptions.AuthenticationFailed("invalid authorization header")
-        record = request.META.get(KEY_ENVIRON) or api_key_live(key.strip())
+        record = request.META.get(KEY_ENVIRON) or api_key_live(key)
         if record is None:
             raise exceptions.AuthenticationFailed("invalid API key")
         note_use(record)

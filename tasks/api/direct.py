@@ -119,8 +119,7 @@ def candidate(path: str, method: str, authorization: str) -> bool:
     a POST to the create's route with an API key. The rest is judged by `create`."""
     if not ENABLED or method != "POST" or not _is_create(settings.ROOT_URLCONF, path):
         return False
-    scheme, _, key = authorization.partition(" ")
-    return scheme.lower() == "bearer" and bool(key.strip())
+    return auth.bearer_key(authorization) is not None
 
 
 @functools.lru_cache(maxsize=64)

@@ -14,7 +14,7 @@ from django.core.management import call_command
 from django.db import connections
 from rest_framework.test import APIClient
 
-from tasks.api.auth import api_key_create, api_key_live_apart
+from tasks.api.auth import api_key_create, api_key_live_apart, bearer_key
 from tasks.models import ApiKey, Task
 from tests.helpers import assert_error
 from valka_sdk.v1 import api_pb2, api_pb2_grpc
@@ -36,6 +36,15 @@ ATTEMPTS = {
     "unknown key": {"HTTP_AUTHORIZATION": "Bearer vk_unknown-key-0123456789abcdefghijklmnopqrstu"},
     "a key as a query parameter only": {"QUERY_STRING": "api_key=vk_in-the-url"},
 }
+
+
+@pytest.mark.parametrize(("header", "key"), [
+    ("Bearer vk_abc", "vk_abc"), ("bearer  vk_abc ", "vk_abc"), ("BEARER vk_abc", "vk_abc"),
+    ("Bearer ", None), ("Bearer", None), ("Basic dXNlcjpwYXNz", None), ("vk_abc", None), ("", None),
+])
+def test_every_way_in_reads_the_header_alike(header, key):
+    """The one reading of `Authorization` that valka.asgi, the direct create, DRF and gRPC share."""
+    assert bearer_key(header) == key
 
 
 @pytest.mark.django_db
