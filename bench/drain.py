@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 
 from bench import cpu
-from bench.measure import latency_summary, paced, percentile, rounds_summary, wait_until_done
+from bench.measure import arrival_summary, latency_summary, paced, percentile, rounds_summary, wait_until_done
 
 DRAIN_QUEUE = "drain"
 LATENCY_QUEUE = "latency"
@@ -226,9 +226,7 @@ def stamps(database_url: str, *, count: int, rate: float, queue: str = LATENCY_Q
 
 def latency_figures(moments: Moments, rate: float) -> dict[str, Any]:
     """p50/p99 of start − return (and of start − call, under "from_call"), in ms."""
-    from_return = [(started - returned) * 1000 for _, returned, started in moments.values()]
-    from_call = [(started - call) * 1000 for call, _, started in moments.values()]
-    return {**latency_summary(from_return), "from_call": latency_summary(from_call), "rate": rate}
+    return {**arrival_summary(moments), "rate": rate}
 
 
 def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = LATENCY_QUEUE,
@@ -244,11 +242,11 @@ def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = L
     work on it (`delivery_floor`)."""
     from bench import floor, latency_floor
 
-    commits: list[float] = []
-    delivered: dict[str, Any] = {}
+    floors: dict[str, Any] = {}
     if floor_url is None:
         moments = stamps(database_url, count=count, rate=rate, queue=queue, label=label)
     else:
+        commits: list[float] = []
         with psycopg.connect(floor_url, autocommit=True) as conn:
             conn.execute(floor.SCHEMA)
             commit = floor.commit_timer(conn)
@@ -258,11 +256,8 @@ def latency(database_url: str, *, count: int, rate: float = 20.0, queue: str = L
                     delivery.send()
 
                 moments = stamps(database_url, count=count, rate=rate, queue=queue, label=label, beside=beside)
-                delivered = delivery.figures()
-    out = latency_figures(moments, rate)
-    if commits:
-        out["commit_floor"] = latency_summary(commits)
-        out["delivery_floor"] = delivered
+                floors = {"commit_floor": latency_summary(commits), "delivery_floor": delivery.figures()}
+    out = {**latency_figures(moments, rate), **floors}
     if hop_log is not None:
         out["hops"] = hops(hop_log, moments)
     return out

@@ -32,7 +32,7 @@ from typing import Any
 import grpc
 import psycopg
 
-from bench.measure import latency_summary
+from bench.measure import arrival_summary
 from bench.stack import ROOT, wait_for
 from valka.devdb import free_port, listening
 from valka_sdk.v1 import worker_pb2 as pb
@@ -123,9 +123,7 @@ class Delivery:
         missing = set(self.sent) - set(arrived)
         if missing:
             raise RuntimeError(f"the delivery floor lost {len(missing)} of {len(self.sent)} notifications")
-        from_return = [(arrived[i] - returned) * 1000 for i, (_, returned) in self.sent.items()]
-        from_call = [(arrived[i] - call) * 1000 for i, (call, _) in self.sent.items()]
-        return {**latency_summary(from_return), "from_call": latency_summary(from_call)}
+        return arrival_summary({i: (call, returned, arrived[i]) for i, (call, returned) in self.sent.items()})
 
 
 @contextmanager

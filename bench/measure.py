@@ -7,7 +7,7 @@ import statistics
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from tqdm import tqdm
@@ -33,6 +33,14 @@ def latency_summary(ms: Sequence[float]) -> dict[str, Any]:
     return {"p50_ms": percentile(ms, 50), "p90_ms": percentile(ms, 90), "p99_ms": percentile(ms, 99),
             "max_ms": max(ms) if ms else math.nan, "mean_ms": statistics.fmean(ms) if ms else math.nan,
             "samples": len(ms)}
+
+
+def arrival_summary(moments: Mapping[Any, tuple[float, float, float]]) -> dict[str, Any]:
+    """p50/p99 of arrival − return, and of arrival − call under "from_call", in ms, from each
+    sample's (call, return, arrival) in seconds: the latency figures and the delivery floor's."""
+    from_return = [(arrived - returned) * 1000 for _, returned, arrived in moments.values()]
+    from_call = [(arrived - call) * 1000 for call, _, arrived in moments.values()]
+    return {**latency_summary(from_return), "from_call": latency_summary(from_call)}
 
 
 def rounds_summary(rates: Sequence[float], **extra: Any) -> dict[str, Any]:
