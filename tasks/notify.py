@@ -20,6 +20,9 @@ QUEUE_CHANGED = "valka_queue_changed"
 # Payload: queue name. Sent by a trigger (tasks/sql/schema/queues.sql) when tasks of a queue with
 # max_running or max_running_per_key have ended: a slot is free for whichever node can claim.
 QUEUE_SLOT_FREED = "valka_queue_slot_freed"
+# Payload: an API key's hash, or '*' for all of them. Sent by a trigger (tasks/sql/schema/api_keys.sql)
+# when a key is revoked, changed or deleted: processes that remember live keys forget it.
+API_KEY_CHANGED = "valka_api_key_changed"
 
 
 def handoff_channel(node_id: str) -> str:

@@ -62,8 +62,10 @@ from django.urls import Resolver404, resolve  # noqa: E402
 from tasks.api import direct  # noqa: E402
 from tasks.api.auth import KEY_ENVIRON, api_key_live_apart, bearer_key  # noqa: E402
 from tasks.api.errors import error_body  # noqa: E402
+from tasks.api.live_keys import LIVE_KEYS  # noqa: E402
 from tasks.models import ApiKey  # noqa: E402
 from valka.conf import refuse_development_key, valka_settings  # noqa: E402
+from valka.db import conninfo  # noqa: E402
 from valka.tracing import configure as configure_tracing  # noqa: E402
 
 if (_refused := refuse_development_key("web")) is not None:
@@ -95,8 +97,23 @@ class Application:
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
             await self.http(scope, receive, send)
+        elif scope["type"] == "lifespan":
+            await self.lifespan(receive, send)
         else:
             await self.asgi(scope, receive, send)
+
+    async def lifespan(self, receive: Receive, send: Send) -> None:
+        """The server's start and stop (Django's handler takes no lifespan): while it serves, the
+        process remembers the live API keys it finds (tasks.api.live_keys)."""
+        while True:
+            message = await receive()
+            if message["type"] == "lifespan.startup":
+                LIVE_KEYS.start(functools.partial(conninfo, application_name="valka-web api keys", direct=True))
+                await send({"type": "lifespan.startup.complete"})
+            elif message["type"] == "lifespan.shutdown":
+                await asyncio.get_running_loop().run_in_executor(None, LIVE_KEYS.stop)
+                await send({"type": "lifespan.shutdown.complete"})
+                return
 
     async def http(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         """A caller the REST API would refuse is refused before its body is read; the body is read

@@ -19,6 +19,7 @@ from django.utils import timezone
 from drf_spectacular.extensions import OpenApiAuthenticationExtension
 from rest_framework import authentication, exceptions, permissions
 
+from tasks.api.live_keys import LIVE_KEYS
 from tasks.errors import Forbidden
 from tasks.models import ApiKey
 from tasks.prepared import fetchone_apart, fetchone_prepared
@@ -63,14 +64,23 @@ def api_key_create(*, name: str, scope: str = ApiKey.Scope.WRITE) -> tuple[ApiKe
 
 
 def api_key_live(key: str) -> ApiKey | None:
-    """The unrevoked ApiKey whose hash is that of `key`, or None (one unique-index look-up)."""
-    return _key_of(fetchone_prepared(api_keys.LIVE_KEY, [hash_key(key)]))
+    """The unrevoked ApiKey whose hash is that of `key`, or None: remembered by the web app
+    (tasks.api.live_keys), or one unique-index look-up."""
+    return LIVE_KEYS.get(hash_key(key), _read_live)
 
 
 def api_key_live_apart(key: str) -> ApiKey | None:
-    """`api_key_live` on a connection taken for it alone (tasks.prepared.fetchone_apart): valka.asgi's
+    """`api_key_live`, read on a connection taken for it alone (tasks.prepared.fetchone_apart): valka.asgi's
     look-up, made before a request's body is read and its thread takes a connection of its own."""
-    return _key_of(fetchone_apart(api_keys.LIVE_KEY, [hash_key(key)]))
+    return LIVE_KEYS.get(hash_key(key), _read_live_apart)
+
+
+def _read_live(key_hash: str) -> ApiKey | None:
+    return _key_of(fetchone_prepared(api_keys.LIVE_KEY, [key_hash]))
+
+
+def _read_live_apart(key_hash: str) -> ApiKey | None:
+    return _key_of(fetchone_apart(api_keys.LIVE_KEY, [key_hash]))
 
 
 def _key_of(row: tuple | None) -> ApiKey | None:
@@ -97,6 +107,7 @@ def note_use(record: ApiKey) -> None:
     now = timezone.now()
     if record.last_used_at is None or (now - record.last_used_at).total_seconds() > 60:
         ApiKey.objects.filter(pk=record.pk).update(last_used_at=now)
+        record.last_used_at = now  # a remembered key (tasks.api.live_keys) is not written again at once
 
 
 def open_to_anonymous(sent_key: bool) -> bool:

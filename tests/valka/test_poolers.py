@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import subprocess
@@ -19,6 +20,8 @@ from django.test import override_settings
 from psycopg.conninfo import conninfo_to_dict
 
 from tasks import live
+from tasks.api.auth import api_key_create
+from tasks.api.live_keys import LiveKeys
 from tasks.models import Task
 from tasks.notify import TASK_EVENT
 from tests.helpers import ROOT, Stack, database_url, no_event_watchers_left, wait_for, wait_status
@@ -143,6 +146,21 @@ def test_the_web_fanout_does_not_listen_through_a_pooler(pooler, monkeypatch):
         assert cur.fetchone()[0] == 0
 
 
+def test_the_web_app_remembers_no_key_through_a_pooler(pooler, caplog):
+    """Through a pooler its LISTEN would hear no revocation: the web app reads every key instead."""
+    keys = LiveKeys()
+    with caplog.at_level(logging.WARNING, logger="valka.live_keys"):
+        keys.start(lambda: pooler.url)
+        wait_for(lambda: "leads through a transaction pooler" in caplog.text, 10, what="the warning")
+        keys.stop()
+    assert not keys.listening
+    record, _ = api_key_create(name="svc")
+    reads = []
+    for _ in range(2):
+        assert keys.get(record.key_hash, lambda key_hash: reads.append(key_hash) or record) is record
+    assert len(reads) == 2
+
+
 # -- The processes. --
 
 def _env(**env: str) -> dict[str, str]:
@@ -184,7 +202,7 @@ def test_the_stack_runs_through_a_pooler_with_a_direct_url_beside_it(pooler, tmp
             cur.execute("SELECT application_name FROM pg_stat_activity WHERE datname = current_database()")
             names = [row[0] for row in cur.fetchall()]
         # The sessions that need one are PostgreSQL's own; the rest came through the pooler.
-        for kind in ("valka-dispatcher-listen ", "valka-dispatcher-claim ", "valka-scheduler "):
+        for kind in ("valka-dispatcher-listen ", "valka-dispatcher-claim ", "valka-scheduler ", "valka-web api keys"):
             assert any(name.startswith(kind) and (kind != "valka-scheduler " or name.endswith(" leader"))
                        for name in names), names
         assert "valka-test-pooler" in names and pooler.opened >= 1
