@@ -211,6 +211,12 @@ def stamps(database_url: str, *, count: int, rate: float, queue: str = LATENCY_Q
     else:
         paced(2 * count, 2 * rate, f"{label} ({rate:.0f}/s, in turns)",
               lambda i: send(i) if i % 2 == 0 else beside())
+    return moments_of(database_url, sent, label)
+
+
+def moments_of(database_url: str, sent: dict[Any, tuple[float, float]], label: str) -> Moments:
+    """Wait until the stamp tasks `sent` (id → when its enqueue was called and returned) are done
+    in `database_url`: each one's moments, its handler's start read from its output."""
     ids = list(sent)
     with psycopg.connect(database_url, autocommit=True) as conn:
         def done() -> int:
@@ -221,7 +227,7 @@ def stamps(database_url: str, *, count: int, rate: float, queue: str = LATENCY_Q
         wait_until_done(done, len(ids), f"{label} (finishing)", 60)
         rows = conn.execute("SELECT id, (output->>'started')::float8 FROM tasks WHERE id = ANY(%s)",
                             (ids,)).fetchall()
-    return {task_id: (*sent[task_id], started) for task_id, started in rows}
+    return {task_id: (*sent[task_id], at) for task_id, at in rows}
 
 
 def latency_figures(moments: Moments, rate: float) -> dict[str, Any]:

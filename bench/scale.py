@@ -7,9 +7,9 @@ The machine's speed drifts by up to 2× from one minute to the next, so a block 
 the empty table and then a block on the big one cannot tell the table's cost from the drift.
 So the big table has a database of its own on the same server, served by a dispatcher and
 workers of its own (`big_database`), the main database being the empty side, and the two
-sides take turns (`alternate`): a drain round on each, round after round, then the latency in
-chunks, each side's chunk after the other's. Each side's figures come with their spread, and
-big ÷ empty says what the table costs.
+sides take turns (`alternate`): a drain round on each, round after round, then the latency, the
+sides' enqueues taking turns one by one (`stamps_in_turns`). Each side's figures come with their
+spread, and big ÷ empty says what the table costs.
 """
 
 from __future__ import annotations
@@ -24,8 +24,8 @@ import psycopg
 from psycopg.conninfo import conninfo_to_dict
 
 from bench import drain
-from bench.measure import rounds_summary
-from bench.stack import BenchStack, create_database, django_database, drop_database
+from bench.measure import paced, rounds_summary
+from bench.stack import BenchStack, create_database, django_database, django_databases, drop_database
 
 SIDES = ("empty", "big")
 
@@ -111,8 +111,9 @@ def big_database(url: str, workdir: Path, *, finished: int, future: int, workers
 def alternate(empty_url: str, big_url: str, *, n: int, rounds: int, latency_count: int, latency_rate: float,
               chunks: int = CHUNKS, hop_logs: dict[str, Path] | None = None) -> dict[str, Any]:
     """Drain and latency on both sides in turns (`turns`): `rounds` drain rounds of n tasks
-    each, then `latency_count` latency samples each in `chunks` chunks; given each side's
-    dispatcher hop log (`hop_logs`, by side), where each side's latency went, hop by hop.
+    each, then `latency_count` latency samples each, one side's after the other's, their p99's
+    spread taken over `chunks` consecutive parts; given each side's dispatcher hop log
+    (`hop_logs`, by side), where each side's latency went, hop by hop.
 
     The side resting meanwhile keeps its processes, idle. Each turn points Django's default
     connection (the enqueue, the counters) at its side's database."""
@@ -129,18 +130,48 @@ def alternate(empty_url: str, big_url: str, *, n: int, rounds: int, latency_coun
             with django_database(urls[side]):
                 rates[side].append(drain.drain_round(
                     conns[side], n=n, desc=f"drain, {side} table {len(rates[side]) + 1}/{rounds}"))
-    each, extra = divmod(latency_count, chunks)
-    sizes = [size for size in (each + (i < extra) for i in range(chunks)) if size]
-    samples: dict[str, list[drain.Moments]] = {side: [] for side in SIDES}
-    for side in turns(len(sizes)):
-        size = sizes[len(samples[side])]
-        with django_database(urls[side]):
-            samples[side].append(drain.stamps(urls[side], count=size, rate=latency_rate,
-                                              label=f"latency, {side} table {len(samples[side]) + 1}/{len(sizes)}"))
+    moments = stamps_in_turns(urls, count=latency_count, rate=latency_rate)
+    samples = {side: _chunks(moments[side], chunks) for side in SIDES}
     latency = _latency_figures(samples, latency_rate)
     for side, hop_log in (hop_logs or {}).items():
-        latency[side]["hops"] = drain.hops(hop_log, {k: v for chunk in samples[side] for k, v in chunk.items()})
+        latency[side]["hops"] = drain.hops(hop_log, moments[side])
     return {"drain": _drain_figures(rates, n), "latency": latency}
+
+
+def stamps_in_turns(urls: dict[str, str], *, count: int, rate: float) -> dict[str, drain.Moments]:
+    """`count` stamp tasks on each side, the sides' enqueues taking turns one by one (`turns`), each
+    side at `rate` per second: whatever the machine meets meanwhile (a checkpoint, an autovacuum,
+    a drift of its speed) falls on both sides alike, where chunks of a side's samples took it
+    alone. Each side's moments, in the order they were sent."""
+    from tasks.services import task_enqueue
+
+    order = turns(count)
+    sent: dict[str, dict[Any, tuple[float, float]]] = {side: {} for side in SIDES}
+    with django_databases(urls) as use:
+        def send(i: int) -> None:
+            side = order[i]
+            use(side)
+            before = time.time()
+            task = task_enqueue(task_name="stamp", queue=drain.LATENCY_QUEUE)
+            sent[side][task.id] = (before, time.time())
+
+        paced(len(order), rate * len(SIDES), f"latency, both tables in turns ({rate:.0f}/s each)", send)
+    found = {side: drain.moments_of(urls[side], sent[side], f"latency, {side} table") for side in SIDES}
+    return {side: {task_id: found[side][task_id] for task_id in sent[side] if task_id in found[side]}
+            for side in SIDES}
+
+
+def _chunks(moments: drain.Moments, chunks: int) -> list[drain.Moments]:
+    """`moments` in `chunks` consecutive parts, as even as they go: the spread of their p99s."""
+    items = list(moments.items())
+    each, extra = divmod(len(items), chunks)
+    out, at = [], 0
+    for i in range(chunks):
+        size = each + (i < extra)
+        if size:
+            out.append(dict(items[at:at + size]))
+            at += size
+    return out
 
 
 def _drain_figures(rates: dict[str, list[float]], n: int) -> dict[str, Any]:

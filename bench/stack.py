@@ -11,7 +11,7 @@ import signal
 import subprocess
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -73,12 +73,8 @@ def django_database(database_url: str) -> Iterator[None]:
 
     if connection.in_atomic_block:
         raise RuntimeError("django_database() inside a transaction would leave it behind")
-    given = conninfo_to_dict(database_url)
     original = connection.settings_dict
-    switched = {**original, "NAME": given["dbname"]}
-    for key, setting in (("host", "HOST"), ("port", "PORT"), ("user", "USER"), ("password", "PASSWORD")):
-        if key in given:
-            switched[setting] = given[key]
+    switched = _settings_for(database_url, original)
 
     def switch(settings: dict[str, Any]) -> None:
         connection.close()
@@ -91,6 +87,44 @@ def django_database(database_url: str) -> Iterator[None]:
         yield
     finally:
         switch(original)
+
+
+@contextlib.contextmanager
+def django_databases(database_urls: dict[str, str]) -> Iterator[Callable[[str], None]]:
+    """Django's default connection in this thread, open to each of `database_urls` (by name) at
+    once: the block is given `use(name)`, which puts that one in place at no cost, so that calls
+    to two databases can take turns one by one. Each is a connection of its own, outside Django's
+    pool (which is keyed by alias, not by database), opened before the block; the thread's own
+    connection is put back afterwards."""
+    from django.db import DEFAULT_DB_ALIAS, connections
+
+    own = connections[DEFAULT_DB_ALIAS]
+    wrappers: dict[str, Any] = {}
+    try:
+        for name, url in database_urls.items():
+            settings = _settings_for(url, own.settings_dict)
+            settings["OPTIONS"] = {k: v for k, v in settings["OPTIONS"].items() if k != "pool"}
+            wrappers[name] = type(own)(settings, DEFAULT_DB_ALIAS)
+            wrappers[name].ensure_connection()
+
+        def use(name: str) -> None:
+            setattr(connections._connections, DEFAULT_DB_ALIAS, wrappers[name])
+
+        yield use
+    finally:
+        setattr(connections._connections, DEFAULT_DB_ALIAS, own)
+        for wrapper in wrappers.values():
+            wrapper.close()
+
+
+def _settings_for(database_url: str, settings: dict[str, Any]) -> dict[str, Any]:
+    """Django's `settings` for a database, pointed at `database_url`'s."""
+    given = conninfo_to_dict(database_url)
+    switched = {**settings, "NAME": given["dbname"]}
+    for key, setting in (("host", "HOST"), ("port", "PORT"), ("user", "USER"), ("password", "PASSWORD")):
+        if key in given:
+            switched[setting] = given[key]
+    return switched
 
 
 class BenchStack:

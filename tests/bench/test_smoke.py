@@ -277,13 +277,21 @@ def test_the_big_table_takes_turns_with_the_empty_one(tmp_path, quiet):
             result = scale.alternate(database_url(), big_url, n=20, rounds=1, latency_count=8, latency_rate=50,
                                      hop_logs={"empty": tmp_path / "hops.jsonl",
                                                "big": tmp_path / "big" / scale.HOP_LOG})
+            # The sides' enqueues of the latency take turns one by one, each to its own database.
+            urls = {"empty": database_url(), "big": big_url}
+            moments = scale.stamps_in_turns(urls, count=4, rate=50)
+            calls = sorted((call, side) for side in scale.SIDES for call, _, _ in moments[side].values())
+            assert [side for _, side in calls] == scale.turns(4)
             # Each side's tasks went to its own database, through Django and through psycopg alike.
             with psycopg.connect(big_url, autocommit=True) as conn:
                 big_drained = conn.execute("SELECT count(*) FROM tasks WHERE queue = %s AND status = 'COMPLETED'",
                                            (drain.DRAIN_QUEUE,)).fetchone()[0]
+                big_stamped = conn.execute("SELECT count(*) FROM tasks WHERE queue = %s AND id = ANY(%s)",
+                                           (drain.LATENCY_QUEUE, list(moments["big"]))).fetchone()[0]
+            assert big_stamped == 4 and Task.objects.filter(id__in=list(moments["empty"])).count() == 4
         warmed_up = min(20, scale.WARM_UP_DRAIN)
         assert Task.objects.filter(queue=drain.DRAIN_QUEUE, status="COMPLETED").count() == warmed_up + 20
-        assert Task.objects.filter(queue=drain.LATENCY_QUEUE).count() == scale.WARM_UP_LATENCY + 8
+        assert Task.objects.filter(queue=drain.LATENCY_QUEUE).count() == scale.WARM_UP_LATENCY + 8 + 4
         assert big_drained == 150 + warmed_up + 20  # the seed's finished half in that queue, then as here
     finally:
         stack.stop_all()
