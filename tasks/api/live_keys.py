@@ -1,9 +1,10 @@
-"""Live API keys remembered by the web app, forgotten when PostgreSQL says they changed.
+"""Live API keys remembered by a serving process, forgotten when PostgreSQL says they changed.
 
 Every API call presents a key. Looking it up cost each REST create a statement and a transaction
 of its own: about a sixth of the CPU the create took, across the web app and PostgreSQL
-(docs/performance.md). So the web app remembers each live key it finds, by its hash, and forgets
-it when the key changes: a trigger (tasks/sql/schema/api_keys.sql) sends the key's hash on
+(docs/performance.md). So the web app (from its ASGI lifespan) and each dispatcher (from
+`run_dispatcher`, for ApiService) remember each live key they find, by its hash, and forget it
+when the key changes: a trigger (tasks/sql/schema/api_keys.sql) sends the key's hash on
 API_KEY_CHANGED when it is revoked, given another scope, name or hash, or deleted ('*' when the
 table is truncated), and a thread of the process LISTENs for that on a connection of its own.
 
@@ -105,8 +106,8 @@ class LiveKeys:
 
         dsn = conninfo()
         if asyncio.run(transaction_pooler(dsn)):
-            log.warning("the web app's LISTEN connection leads through a transaction pooler: API keys are looked "
-                        "up on every request (set VALKA_DIRECT_DATABASE_URL to reach PostgreSQL itself)")
+            log.warning("the LISTEN connection for API keys leads through a transaction pooler: keys are looked up "
+                        "on every call (set VALKA_DIRECT_DATABASE_URL to reach PostgreSQL itself)")
             return
         backoff = BACKOFF[0]
         while not self._stop.is_set():

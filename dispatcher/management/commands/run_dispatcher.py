@@ -1,8 +1,12 @@
+import functools
+
 from django.core.management.base import BaseCommand, CommandError
 
 from dispatcher.server import Dispatcher
+from tasks.api.live_keys import LIVE_KEYS
 from valka import tracing
 from valka.conf import refuse_development_key, valka_settings
+from valka.db import conninfo
 from valka.poolers import refuse_pooler
 from valka_sdk import aio
 
@@ -21,6 +25,8 @@ class Command(BaseCommand):
         async def main() -> None:
             if (why := await refuse_pooler("run_dispatcher")) is not None:
                 raise CommandError(why)
+            # ApiService's callers' keys, remembered while the dispatcher serves (tasks.api.live_keys).
+            LIVE_KEYS.start(functools.partial(conninfo, application_name="valka-dispatcher api keys", direct=True))
             await Dispatcher(addr or valka_settings.GRPC_ADDR).serve_forever()
 
         aio.run(main())

@@ -1,13 +1,14 @@
 """The web app's memory of live API keys (tasks.api.live_keys), against PostgreSQL's own NOTIFY:
 a key is read once while the process listens and forgotten when it is revoked, changed or
 deleted; nothing is remembered while nothing listens, and a look-up that a change overtook is
-not kept. The last test runs the web app itself and revokes a key under its callers."""
+not kept. The last tests run the web app and a dispatcher and revoke a key under their callers."""
 
 from __future__ import annotations
 
 import threading
 import time
 
+import grpc
 import httpx
 import psycopg
 import pytest
@@ -18,6 +19,7 @@ from tasks.api.live_keys import LiveKeys
 from tasks.models import ApiKey, Task
 from tests.helpers import database_url, wait_for
 from valka.db import conninfo
+from valka_sdk.v1 import api_pb2, api_pb2_grpc
 
 pytestmark = pytest.mark.django_db(transaction=True)  # the changes commit, so their NOTIFYs go out
 
@@ -170,19 +172,21 @@ def test_an_entry_is_read_again_after_its_age():
         keys.stop()
 
 
+def listening(application_name: str) -> bool:
+    """Whether a process's memory of keys (named by its connection) is LISTENing."""
+    with connection.cursor() as cursor:
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
+                       "AND query = 'LISTEN valka_api_key_changed'", [application_name])
+        return cursor.fetchone()[0] == 1
+
+
 def test_the_web_app_refuses_a_key_as_soon_as_it_is_revoked(stack):
     """The web app as served: its callers' key is revoked while they create tasks; every create
     answered after the revocation was heard is a 401, and none of them wrote a task."""
     web = stack.web(VALKA_API_ANONYMOUS="false")
     record, key = auth.api_key_create(name="svc")
 
-    def listening() -> bool:  # the server's lifespan started the web app's memory of keys
-        with connection.cursor() as cursor:
-            cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'valka-web api keys' "
-                           "AND query = 'LISTEN valka_api_key_changed'")
-            return cursor.fetchone()[0] == 1
-
-    wait_for(listening, 10, what="the web app's LISTEN")
+    wait_for(lambda: listening("valka-web api keys"), 10, what="the web app's LISTEN")  # the lifespan started it
     answers: list[tuple[float, int]] = []
     stop = threading.Event()
 
@@ -211,3 +215,31 @@ def test_the_web_app_refuses_a_key_as_soon_as_it_is_revoked(stack):
     assert after and set(after) == {401}
     assert {status for _, status in answers} == {201, 401}
     assert Task.objects.filter(queue="revoked").count() == sum(status == 201 for _, status in answers)
+
+
+def test_the_dispatcher_refuses_a_key_as_soon_as_it_is_revoked(stack):
+    """gRPC's ApiService, on a dispatcher as `run_dispatcher` starts it, remembers its callers' keys
+    too: a key revoked is refused from the next call once the revocation is heard."""
+    _, addr = stack.dispatcher(VALKA_API_ANONYMOUS="false")
+    record, key = auth.api_key_create(name="grpc")
+    request = api_pb2.CreateTaskRequest(queue_name="revoked", task_name="t")
+    wait_for(lambda: listening("valka-dispatcher api keys"), 10, what="the dispatcher's LISTEN")
+    with grpc.insecure_channel(addr) as channel:
+        api = api_pb2_grpc.ApiServiceStub(channel)
+        for _ in range(3):
+            api.CreateTask(request, metadata=(("authorization", f"Bearer {key}"),))
+        ApiKey.objects.filter(pk=record.pk).update(revoked=True)
+
+        def refused() -> bool:
+            try:
+                api.CreateTask(request, metadata=(("authorization", f"Bearer {key}"),))
+            except grpc.RpcError as err:
+                assert err.code() == grpc.StatusCode.UNAUTHENTICATED
+                return True
+            return False
+
+        revoked = time.monotonic()
+        wait_for(refused, 5, what="the revoked key refused")
+        assert time.monotonic() - revoked < 1.0
+        with pytest.raises(grpc.RpcError):
+            api.CreateTask(request, metadata=(("authorization", f"Bearer {key}"),))
