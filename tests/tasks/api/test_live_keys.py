@@ -145,7 +145,8 @@ def test_a_lost_connection_forgets_every_key_until_it_listens_again(keys):
     keys.get(record.key_hash, reads)
     with psycopg.connect(database_url(), autocommit=True) as admin:
         ended = admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                              "WHERE application_name = 'valka-test live keys'").fetchall()
+                              "WHERE datname = current_database() AND application_name = 'valka-test live keys'"
+                              ).fetchall()
     assert ended == [(True,)]
     wait_for(lambda: not keys.listening, 5, what="the lost connection noticed")
     # Whatever changed meanwhile was not heard: every key is read again once the LISTEN is back.
@@ -175,8 +176,8 @@ def test_an_entry_is_read_again_after_its_age():
 def listening(application_name: str) -> bool:
     """Whether a process's memory of keys (named by its connection) is LISTENing."""
     with connection.cursor() as cursor:
-        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = %s "
-                       "AND query = 'LISTEN valka_api_key_changed'", [application_name])
+        cursor.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                       "AND application_name = %s AND query = 'LISTEN valka_api_key_changed'", [application_name])
         return cursor.fetchone()[0] == 1
 
 
