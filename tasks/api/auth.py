@@ -64,7 +64,7 @@ def api_key_create(*, name: str, scope: str = ApiKey.Scope.WRITE) -> tuple[ApiKe
 
 
 def api_key_live(key: str) -> ApiKey | None:
-    """The unrevoked ApiKey whose hash is that of `key`, or None: remembered by the web app
+    """The unrevoked ApiKey whose hash is that of `key`, or None: remembered by a serving process
     (tasks.api.live_keys), or one unique-index look-up."""
     return LIVE_KEYS.get(hash_key(key), _read_live)
 
