@@ -20,15 +20,15 @@ read again after `max_age` seconds whatever happens, the bound should a connecti
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import threading
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
+import psycopg
+
 from tasks.notify import API_KEY_CHANGED
-from valka.listen import Listener
 
 if TYPE_CHECKING:
     from tasks.models import ApiKey
@@ -36,30 +36,29 @@ if TYPE_CHECKING:
 log = logging.getLogger("valka.live_keys")
 
 MAX_AGE = 60.0  # seconds an entry is trusted without a word from PostgreSQL
+WAIT = 1.0  # seconds the listener waits for a notification before it checks whether to stop
+BACKOFF = (0.2, 5.0)  # seconds before the listener connects again: first, then doubling up to
 
 
 class LiveKeys:
-    """Live keys by hash, for the threads of one process (`get`), kept by a listener thread (`start`)
-    that runs the project's LISTEN connection (valka.listen.Listener) on an event loop of its own."""
+    """Live keys by hash, for the threads of one process (`get`), kept by a listener thread (`start`)."""
 
     def __init__(self, *, max_age: float = MAX_AGE) -> None:
         self.max_age = max_age
         self._keys: dict[str, tuple[ApiKey, float]] = {}
         self._lock = threading.Lock()
-        self._generation = 0  # counts the changes heard and the listener's connections
-        self._listener: Listener | None = None
-        self._stopping = threading.Event()
-        self._stop: tuple[asyncio.AbstractEventLoop, asyncio.Event] | None = None
+        self._generation = 0  # counts the changes heard and the listener's comings and goings
+        self._listening = False
+        self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     @property
     def listening(self) -> bool:
-        """Whether the LISTEN is in place (the Listener's connection up, and not stopped)."""
-        return self._listener is not None and self._listener.connected.is_set() and not self._stopping.is_set()
+        return self._listening
 
     def get(self, key_hash: str, load: Callable[[str], ApiKey | None]) -> ApiKey | None:
         """The live key with this hash: remembered, or `load(key_hash)` (None when there is none)."""
-        if self.listening:
+        if self._listening:
             entry = self._keys.get(key_hash)
             if entry is not None and time.monotonic() - entry[1] < self.max_age:
                 return entry[0]
@@ -67,7 +66,7 @@ class LiveKeys:
         record = load(key_hash)
         if record is not None:
             with self._lock:
-                if self.listening and self._generation == generation:
+                if self._listening and self._generation == generation:
                     self._keys[key_hash] = (record, began)
         return record
 
@@ -76,23 +75,16 @@ class LiveKeys:
         with self._lock:
             if self._thread is not None and self._thread.is_alive():
                 return
-            self._stopping.clear()
-            self._thread = threading.Thread(target=lambda: asyncio.run(self._run(conninfo())),
-                                            name="valka-live-keys", daemon=True)
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._run, args=(conninfo,), name="valka-live-keys", daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop listening and forget every key."""
-        self._stopping.set()
-        with self._lock:
-            stop = self._stop
-        if stop is not None:
-            with contextlib.suppress(RuntimeError):  # the loop has ended already
-                stop[0].call_soon_threadsafe(stop[1].set)
+        """Stop listening and forget every key (the thread ends within WAIT seconds)."""
+        self._stop.set()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(10)
-        self._forget_all()
+            thread.join(WAIT + 5)
 
     def changed(self, payload: str) -> None:
         """A notification: forget the key with that hash, or all of them for '*'."""
@@ -103,29 +95,37 @@ class LiveKeys:
             else:
                 self._keys.pop(payload, None)
 
-    def _forget_all(self) -> None:
-        self.changed("*")
+    def _set_listening(self, listening: bool) -> None:
+        with self._lock:
+            self._generation += 1
+            self._keys.clear()
+            self._listening = listening
 
-    async def _connected(self, conn: object) -> None:
-        """Each new LISTEN connection, before it counts as listening: what was sent while there was
-        none is lost, so every key is forgotten (and look-ups under way are not kept)."""
-        self._forget_all()
-
-    async def _run(self, dsn: str) -> None:
+    def _run(self, conninfo: Callable[[], str]) -> None:
         from valka.poolers import transaction_pooler
 
-        if await transaction_pooler(dsn):
+        dsn = conninfo()
+        if asyncio.run(transaction_pooler(dsn)):
             log.warning("the LISTEN connection for API keys leads through a transaction pooler: keys are looked up "
                         "on every call (set VALKA_DIRECT_DATABASE_URL to reach PostgreSQL itself)")
             return
-        stop = asyncio.Event()
-        with self._lock:
-            self._stop = (asyncio.get_running_loop(), stop)
-            self._listener = Listener(dsn, {API_KEY_CHANGED: self.changed}, on_reconnect=lambda: None,
-                                      on_connect=self._connected)
-        if self._stopping.is_set():  # stopped before the loop was known
-            return
-        await self._listener.run(stop)
+        backoff = BACKOFF[0]
+        while not self._stop.is_set():
+            try:
+                with psycopg.connect(dsn, autocommit=True) as conn:
+                    conn.execute(f"LISTEN {API_KEY_CHANGED}")
+                    self._set_listening(True)
+                    backoff = BACKOFF[0]
+                    while not self._stop.is_set():
+                        for note in conn.notifies(timeout=WAIT):
+                            self.changed(note.payload)
+            except (psycopg.Error, OSError) as exc:
+                log.warning("API key LISTEN connection lost (%s); reconnecting in %.1fs",
+                            " ".join(str(exc).split()) or type(exc).__name__, backoff)
+            finally:
+                self._set_listening(False)
+            self._stop.wait(backoff)
+            backoff = min(backoff * 2, BACKOFF[1])
 
 
 LIVE_KEYS = LiveKeys()
