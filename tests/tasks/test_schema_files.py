@@ -55,7 +55,7 @@ ALL = [schema.TASKS, *schema.OTHERS]
 
 def test_the_files_define_the_migrated_code_exactly():
     migrated = _code()
-    assert {"FUNCTION valka_uuid7()", "TRIGGER tasks_events_update ON tasks"} <= set(migrated)
+    assert {"FUNCTION valka_uuid7()", "TRIGGER tasks_updated ON tasks"} <= set(migrated)
     _drop(migrated)
     assert _code() == {}
     for files in ALL:

@@ -37,7 +37,7 @@ from django.db import transaction
 DIRECTORY = Path(__file__).resolve().parent
 
 # In the order they are applied: a trigger after its function, a function after those it calls.
-FILES = ("ids.sql", "retry.sql", "counters.sql", "events.sql", "queues.sql", "api_keys.sql")
+FILES = ("ids.sql", "retry.sql", "counters.sql", "events.sql", "queues.sql", "task_triggers.sql", "api_keys.sql")
 
 
 class SchemaFiles:
