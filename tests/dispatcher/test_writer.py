@@ -33,19 +33,21 @@ def test_a_row_postgresql_refuses_does_not_hold_back_the_others():
     async def scenario():
         pool = make_pool("writer-test", min_size=1, max_size=2, session=sql.WRITER_SESSION)
         await pool.open()
-        writer = _writer(pool)
-        stop = asyncio.Event()
-        runner = asyncio.create_task(writer.run(stop))
-        # A value that slipped past validation: PostgreSQL cannot cast it to jsonb.
-        writer.result(Result(str(bad.id), "w", True, False, "{not json", None))
-        writer.result(Result(str(good.id), "w", True, False, '{"ok": true}', None))
-        for _ in range(200):
-            await asyncio.sleep(0.05)
-            if not writer.pending():
-                break
-        stop.set()
-        await runner
-        await pool.close()
+        try:
+            writer = _writer(pool)
+            stop = asyncio.Event()
+            runner = asyncio.create_task(writer.run(stop))
+            # A value that slipped past validation: PostgreSQL cannot cast it to jsonb.
+            writer.result(Result(str(bad.id), "w", True, False, "{not json", None))
+            writer.result(Result(str(good.id), "w", True, False, '{"ok": true}', None))
+            for _ in range(200):
+                await asyncio.sleep(0.05)
+                if not writer.pending():
+                    break
+            stop.set()
+            await runner
+        finally:
+            await pool.close()
 
     asyncio.run(scenario())
     done = Task.objects.get(id=good.task_id)
@@ -119,12 +121,14 @@ def test_a_sent_task_counts_as_starting_until_its_start_is_written():
     async def scenario() -> tuple[bool, bool]:
         pool = make_pool("writer-test", min_size=1, max_size=2, session=sql.WRITER_SESSION)
         await pool.open()
-        writer = _writer(pool)
-        entry = InFlight(task_id=str(task.id), run_id=str(uuid.uuid4()), queue=task.queue, attempt=1)
-        writer.start(entry, "w")
-        before = str(task.id) in writer.starting
-        await writer.flush_once()
-        await pool.close()
+        try:
+            writer = _writer(pool)
+            entry = InFlight(task_id=str(task.id), run_id=str(uuid.uuid4()), queue=task.queue, attempt=1)
+            writer.start(entry, "w")
+            before = str(task.id) in writer.starting
+            await writer.flush_once()
+        finally:
+            await pool.close()
         return before, str(task.id) in writer.starting
 
     assert asyncio.run(scenario()) == (True, False)
@@ -139,19 +143,21 @@ def test_unsent_tasks_are_put_back_even_when_the_first_try_fails():
     async def scenario() -> None:
         pool = make_pool("writer-test", min_size=1, max_size=2, session="SET lock_timeout = '50ms'")
         await pool.open()
-        writer = _writer(pool)
-        async with await psycopg.AsyncConnection.connect(database_url()) as holder:
-            await holder.execute("SELECT 1 FROM tasks WHERE id = %s FOR UPDATE", (task.id,))
-            writer.unsend([str(task.id)])
-            await asyncio.sleep(0.3)  # the first tries time out on the lock
-            await holder.rollback()
-            for _ in range(100):
-                await asyncio.sleep(0.05)
-                cur = await holder.execute("SELECT status FROM tasks WHERE id = %s", (task.id,))
-                if (await cur.fetchone()) == ("PENDING",):
-                    break
-            await holder.rollback()
-        await pool.close()
+        try:
+            writer = _writer(pool)
+            async with await psycopg.AsyncConnection.connect(database_url()) as holder:
+                await holder.execute("SELECT 1 FROM tasks WHERE id = %s FOR UPDATE", (task.id,))
+                writer.unsend([str(task.id)])
+                await asyncio.sleep(0.3)  # the first tries time out on the lock
+                await holder.rollback()
+                for _ in range(100):
+                    await asyncio.sleep(0.05)
+                    cur = await holder.execute("SELECT status FROM tasks WHERE id = %s", (task.id,))
+                    if (await cur.fetchone()) == ("PENDING",):
+                        break
+                await holder.rollback()
+        finally:
+            await pool.close()
 
     asyncio.run(scenario())
     assert Task.objects.get(id=task.id).status == "PENDING"
