@@ -54,10 +54,12 @@ _django_asgi = get_asgi_application()  # sets Django up
 from asgiref.sync import iscoroutinefunction  # noqa: E402
 from django.conf import settings  # noqa: E402
 from django.contrib.auth import SESSION_KEY  # noqa: E402
-from django.core.handlers.wsgi import WSGIHandler  # noqa: E402
+from django.core.handlers.wsgi import WSGIHandler, WSGIRequest  # noqa: E402
 from django.db import close_old_connections  # noqa: E402
+from django.http import HttpResponse  # noqa: E402
 from django.http.cookie import parse_cookie  # noqa: E402
 from django.urls import Resolver404, resolve  # noqa: E402
+from django.utils.module_loading import import_string  # noqa: E402
 
 from tasks.api import direct  # noqa: E402
 from tasks.api.auth import KEY_ENVIRON, api_key_live_apart, bearer_key  # noqa: E402
@@ -128,7 +130,7 @@ class Application:
             if api and not valka_settings.API_ANONYMOUS:
                 refusal, key = await self._refusal(scope)
                 if refusal is not None:
-                    await _send_unauthorized(send, refusal)
+                    await _send_unauthorized(scope, send, refusal)
                     return
             elif not api:
                 known = await self._signed_in(scope)
@@ -142,7 +144,7 @@ class Application:
                 raise _BodyTooLarge
             read = await _read_body(receive, limit)
         except _BodyTooLarge:
-            await _send_error(send, 413, "PAYLOAD_TOO_LARGE", f"body: larger than the limit of {limit} bytes",
+            await _send_error(scope, send, 413, "PAYLOAD_TOO_LARGE", f"body: larger than the limit of {limit} bytes",
                               {"body": [f"larger than {limit} bytes"]}, api=api)
             return
         if read is None:
@@ -163,7 +165,7 @@ class Application:
         try:
             read = await _read_body(receive, _content_length(scope))
         except _BodyTooLarge:  # more than announced: the server's framing allows no such thing
-            await _send_error(send, 400, "VALIDATION_ERROR", "body: longer than its Content-Length",
+            await _send_error(scope, send, 400, "VALIDATION_ERROR", "body: longer than its Content-Length",
                               {"body": ["longer than its Content-Length"]}, api=True)
             return
         if read is None:
@@ -176,7 +178,7 @@ class Application:
                 await send({"type": "http.response.start", "status": status, "headers": headers})
                 await send({"type": "http.response.body", "body": content})
             elif outcome.key is None:
-                await _send_unauthorized(send, "invalid API key")
+                await _send_unauthorized(scope, send, "invalid API key")
             else:
                 await self.sync_request(scope, body, size, send, outcome.key)
         finally:
@@ -365,13 +367,16 @@ def _body_limit(is_async: bool) -> int | None:
     return limit
 
 
-async def _send_unauthorized(send: Send, message: str) -> None:
-    await _send_error(send, 401, "UNAUTHORIZED", message, api=True, headers=[(b"www-authenticate", b"Bearer")])
+async def _send_unauthorized(scope: dict[str, Any], send: Send, message: str) -> None:
+    await _send_error(scope, send, 401, "UNAUTHORIZED", message, api=True,
+                      headers=[(b"www-authenticate", b"Bearer")])
 
 
-async def _send_error(send: Send, status: int, code: str, message: str, details: dict[str, Any] | None = None,
-                      *, api: bool, headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
-    """An answer of our own: the REST API's error shape, or plain text outside the API."""
+async def _send_error(scope: dict[str, Any], send: Send, status: int, code: str, message: str,
+                      details: dict[str, Any] | None = None, *, api: bool,
+                      headers: Iterable[tuple[bytes, bytes]] = ()) -> None:
+    """An answer of our own: the REST API's error shape, or plain text outside the API, with the
+    headers the security middleware gives Django's answers."""
     if api:
         content = json.dumps(error_body(code, message, details)).encode()
         content_type = b"application/json"
@@ -380,8 +385,37 @@ async def _send_error(send: Send, status: int, code: str, message: str, details:
         content_type = b"text/plain; charset=utf-8"
     await send({"type": "http.response.start", "status": status, "headers": [
         (b"content-type", content_type), (b"content-length", str(len(content)).encode()),
-        (b"x-content-type-options", b"nosniff"), *headers]})
+        *_security_headers(scope), *headers]})
     await send({"type": "http.response.body", "body": content})
+
+
+# The middleware whose response phases add headers to every answer of Django's (security headers,
+# X-Frame-Options); they need no database and no view, so they run on the answers given here too.
+SECURITY_MIDDLEWARE = ("django.middleware.security.SecurityMiddleware",
+                       "django.middleware.clickjacking.XFrameOptionsMiddleware")
+
+
+@functools.cache
+def _security_middleware() -> tuple[Any, ...]:
+    """Instances of the settings' SECURITY_MIDDLEWARE, in the order their response phases run."""
+    names = [name for name in settings.MIDDLEWARE if name in SECURITY_MIDDLEWARE]
+    return tuple(import_string(name)(_no_view) for name in reversed(names))
+
+
+def _no_view(request: Any) -> Any:
+    raise AssertionError("only the response phases of the security middleware run here")
+
+
+def _security_headers(scope: dict[str, Any]) -> list[tuple[bytes, bytes]]:
+    """The headers the security middleware adds to an empty answer to this request, and
+    X-Content-Type-Options: nosniff in any case (the answers given here are never to be sniffed)."""
+    request = WSGIRequest(_environ(scope, io.BytesIO(), 0))
+    response = HttpResponse()
+    del response["Content-Type"]
+    for middleware in _security_middleware():
+        response = middleware.process_response(request, response)
+    response.headers.setdefault("X-Content-Type-Options", "nosniff")
+    return [(name.lower().encode("latin-1"), value.encode("latin-1")) for name, value in response.items()]
 
 
 async def _read_body(receive: Receive, limit: int | None) -> tuple[Any, int] | None:

@@ -66,6 +66,28 @@ def test_a_caller_without_credentials_is_refused_before_the_body_is_read(announc
     assert temp_files == [] and Task.objects.count() == 0
 
 
+SECURITY_HEADERS = (b"x-frame-options", b"referrer-policy", b"cross-origin-opener-policy",
+                    b"x-content-type-options")
+
+
+@pytest.mark.parametrize("early", ["no credentials", "unknown key, small create", "body too large"])
+def test_answers_given_before_django_carry_its_security_headers(early):
+    """A 401 or 413 answered before Django sees the request has the headers the security middleware
+    gives Django's own answers (here a 401 from the API's authentication)."""
+    django_answer = call(Request(), path="/api/v1/tasks", method="GET")
+    assert django_answer.status == 401
+    request = {
+        "no credentials": lambda: call(Request(size=10 * MiB)),
+        "unknown key, small create": lambda: call(
+            Request(body=TASK), headers=bearer("vk_not-a-key-0123456789abcdefghijklmnopqrstuv")),
+        "body too large": lambda: call(Request(size=10 * MiB), path="/admin/login/"),
+    }[early]()
+    assert request.status == (413 if early == "body too large" else 401)
+    expected = {name: django_answer.headers[name] for name in SECURITY_HEADERS}
+    assert expected[b"x-frame-options"] == b"DENY" and expected[b"x-content-type-options"] == b"nosniff"
+    assert {name: request.headers.get(name) for name in SECURITY_HEADERS} == expected
+
+
 @pytest.mark.parametrize("authorization", [
     "Bearer vk_wrong-0123456789abcdefghijklmnopqrstuvwxyzABCD",  # no such key
     "Bearer ",
