@@ -59,7 +59,6 @@ from django.db import close_old_connections  # noqa: E402
 from django.http import HttpResponse  # noqa: E402
 from django.http.cookie import parse_cookie  # noqa: E402
 from django.urls import Resolver404, resolve  # noqa: E402
-from django.utils.module_loading import import_string  # noqa: E402
 
 from tasks.api import direct  # noqa: E402
 from tasks.api.auth import KEY_ENVIRON, api_key_live_apart, bearer_key  # noqa: E402
@@ -398,12 +397,7 @@ SECURITY_MIDDLEWARE = ("django.middleware.security.SecurityMiddleware",
 @functools.cache
 def _security_middleware() -> tuple[Any, ...]:
     """Instances of the settings' SECURITY_MIDDLEWARE, in the order their response phases run."""
-    names = [name for name in settings.MIDDLEWARE if name in SECURITY_MIDDLEWARE]
-    return tuple(import_string(name)(_no_view) for name in reversed(names))
-
-
-def _no_view(request: Any) -> Any:
-    raise AssertionError("only the response phases of the security middleware run here")
+    return tuple(reversed(direct.middleware_phases(SECURITY_MIDDLEWARE)))
 
 
 def _security_headers(scope: dict[str, Any]) -> list[tuple[bytes, bytes]]:

@@ -104,11 +104,17 @@ def _enabled() -> tuple[bool, list[Any]]:
             or view.content_negotiation_class is not ValkaContentNegotiation
             or view.throttle_classes or view.versioning_class is not None):
         return False, []
-    return True, [import_string(name)(_unused) for name in names if name in RUN_MIDDLEWARE]
+    return True, middleware_phases(RUN_MIDDLEWARE)
+
+
+def middleware_phases(names: frozenset[str] | tuple[str, ...]) -> list[Any]:
+    """Instances of the settings' middleware among `names`, in settings order, for a caller that
+    runs their request and response phases itself, outside Django's chain (which they never call)."""
+    return [import_string(name)(_unused) for name in settings.MIDDLEWARE if name in names]
 
 
 def _unused(request: Any) -> Any:
-    raise AssertionError("the direct create runs the middleware's phases, never its chain")
+    raise AssertionError("the middleware's phases run here one by one, never its chain")
 
 
 ENABLED, _MIDDLEWARE = _enabled()
