@@ -16,9 +16,8 @@ The parts, each built from what it uses (see docs/architecture.md):
 - a LISTEN connection that wakes the claimer and the relay, and the `fanout` of task events
   and log wake-ups for ApiService subscribers.
 
-The claim pool and the LISTEN connections keep sessions of their own (VALKA_DIRECT_DATABASE_URL
-when DATABASE_URL leads through a transaction pooler); the other pool's statements each stand
-alone and may go through one.
+Both pools and the LISTEN connections keep sessions of their own (VALKA_DIRECT_DATABASE_URL
+when DATABASE_URL leads through a transaction pooler): the pools plan with session settings.
 """
 
 from __future__ import annotations
@@ -92,7 +91,11 @@ class NodeSettings:
 class DispatcherNode:
     def __init__(self, settings: NodeSettings | None = None) -> None:
         self.settings = s = settings or NodeSettings.from_settings()
-        self.pool = make_pool(f"valka-dispatcher {s.node_id}", min_size=2, max_size=6, session=sql.WRITER_SESSION)
+        # Both pools plan with session settings (sql.WRITER_SESSION, sql.CLAIM_SESSION): through a
+        # transaction pooler they would steer whoever got the server session next, and the node's own
+        # statements would run without them.
+        self.pool = make_pool(f"valka-dispatcher {s.node_id}", min_size=2, max_size=6, session=sql.WRITER_SESSION,
+                              direct=True)
         # Claims run on connections of their own, set up for that one statement (sql.CLAIM_SESSION).
         self.claim_pool = make_pool(f"valka-dispatcher-claim {s.node_id}", min_size=1, max_size=2,
                                     session=sql.CLAIM_SESSION, direct=True)

@@ -30,7 +30,7 @@ MOVE_PICKED = guarded_update(TaskStatus.DISPATCHING, sources=[TaskStatus.PENDING
 # These are session settings, set once per connection, because a plan is made before any of the
 # statement runs. They only steer plans, never what a statement does or how durably it commits,
 # and the claim pool has a session of its own (VALKA_DIRECT_DATABASE_URL behind a pooler; see
-# valka/poolers.py): through a transaction pooler they would reach other clients' plans, nothing more.
+# valka/poolers.py), so they reach no other client's plans.
 # Durability is not set here: CLAIM sets it for its own transaction.
 # No JIT: a plan that must scan a table anyway (the queues' controls: no index serves their
 # filter) is costed at 10^10 with sequential scans off, past every JIT threshold, and compiling
@@ -46,10 +46,8 @@ CLAIM_SESSION = ("SET enable_seqscan = off; SET enable_hashjoin = off; "
 # of new runs and log lines too, whose plans a connection keeps: planned while tasks was
 # nearly empty, each check scanned the whole table once it had grown.
 # tests/dispatcher/test_writer_plans.py checks the plans.
-# These connections may go through a transaction pooler (DATABASE_URL): there the setting lands
-# on whichever server connection ran it and steers the plans of whoever gets that connection next,
-# and the writer's own statements may run without it (planned as PostgreSQL would anyway). It
-# changes plans only, never results or durability.
+# Session settings, like CLAIM_SESSION's: the writer's pool also has a session of its own
+# (VALKA_DIRECT_DATABASE_URL behind a pooler), where the settings steer its plans and no one else's.
 # No JIT, for the reason CLAIM_SESSION gives.
 WRITER_SESSION = "SET enable_seqscan = off; SET jit = off"
 

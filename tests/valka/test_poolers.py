@@ -19,6 +19,7 @@ from django.db import connection, connections
 from django.test import override_settings
 from psycopg.conninfo import conninfo_to_dict
 
+from dispatcher.node import DispatcherNode, NodeSettings
 from tasks import live
 from tasks.api.auth import api_key_create
 from tasks.api.live_keys import LiveKeys
@@ -119,6 +120,35 @@ def test_a_pool_through_a_pooler_prepares_nothing_when_prepared_statements_are_o
             await other.close()
 
     assert asyncio.run(scenario()) == list(range(1, 13))
+
+
+def test_the_dispatchers_plan_settings_stay_in_sessions_of_their_own(monkeypatch):
+    """The dispatcher's pools set plan settings for their sessions (dispatcher/sql.py). Through a
+    pooler of one server session, a SET there would reach the next client that borrows it."""
+    settings = connections.databases["default"]
+    shown = "SELECT current_setting('enable_seqscan'), current_setting('enable_hashjoin')"
+
+    async def scenario() -> dict:
+        node = DispatcherNode(NodeSettings(node_id="pooled", lease_extension=60, poll_interval=1,
+                                           shutdown_timeout=1, worker_token=""))
+        await node.pool.open()
+        await node.claim_pool.open()
+        try:
+            async with node.pool.connection() as writes, node.claim_pool.connection() as claims:
+                seen = {"writes": await (await writes.execute(shown)).fetchone(),
+                        "claims": await (await claims.execute(shown)).fetchone()}
+            async with await psycopg.AsyncConnection.connect(pooler.url, autocommit=True) as other:
+                seen["other client"] = await (await other.execute(shown)).fetchone()
+            return seen
+        finally:
+            await node.claim_pool.close()
+            await node.pool.close()
+
+    with Pooler.to(database_url(), size=1) as pooler, override_settings(VALKA=_direct(database_url())):
+        monkeypatch.setitem(settings, "HOST", "127.0.0.1")
+        monkeypatch.setitem(settings, "PORT", pooler.port)
+        seen = asyncio.run(scenario())
+    assert seen == {"writes": ("off", "on"), "claims": ("off", "off"), "other client": ("on", "on")}
 
 
 def test_the_web_fanout_does_not_listen_through_a_pooler(pooler, monkeypatch):
