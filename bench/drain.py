@@ -96,21 +96,24 @@ def drain(database_url: str, *, n: int, rounds: int, queue: str = DRAIN_QUEUE, l
     return rounds_summary(rates, n=n)
 
 
-def drain_in_turns(database_url: str, *, n: int, rounds: int, concurrency: int,
+def drain_in_turns(database_url: str, *, n: int, rounds: int, concurrency: int, floor_url: str,
                    processes: dict[str, list[int]] | None = None) -> dict[str, Any]:
-    """`drain`, round by round in turns with the gRPC floor it is held to (bench/grpc_floor.py,
-    `concurrency` in flight as the worker keeps): measured minutes apart, at the start and the end
-    of a run, their ratio measured the machine's drift as much as the code. Answers both, each
-    the median of its rounds, with the CPU each side's processes spent per task (bench/cpu.py):
-    the drain's `processes` (by name: the dispatcher, the workers), PostgreSQL and this process
-    (the rounds' enqueue and counting), the floor's server and client (this process)."""
-    from bench import grpc_floor
+    """`drain`, round by round in turns with its floors: the gRPC floor it is held to
+    (bench/grpc_floor.py, `concurrency` in flight as the worker keeps) and the raw-SQL drain
+    (bench/floor.py, in the database at `floor_url`). Measured minutes apart, at the start and the
+    end of a run, their ratio measured the machine's drift as much as the code. Answers the three,
+    each the median of its rounds (`drain`, `grpc_floor`, `sql_floor`), the first two with the CPU
+    each side's processes spent per task (bench/cpu.py): the drain's `processes` (by name: the
+    dispatcher, the workers), PostgreSQL and this process (the rounds' enqueue and counting), the
+    floor's server and client (this process)."""
+    from bench import floor, grpc_floor
 
-    rates: dict[str, list[float]] = {"drain": [], "grpc_floor": []}
+    rates: dict[str, list[float]] = {"drain": [], "grpc_floor": [], "sql_floor": []}
     spent: dict[str, list[dict[str, float]]] = {"drain": [], "grpc_floor": []}
     drain_cpu = cpu.sampler({**(processes or {}), "benchmark": [os.getpid()]},
                             postgres=cpu.postmaster(database_url))
-    with psycopg.connect(database_url, autocommit=True) as conn, grpc_floor.server() as (addr, server_pid):
+    with (psycopg.connect(database_url, autocommit=True) as conn, grpc_floor.server() as (addr, server_pid),
+          psycopg.connect(floor_url, autocommit=True) as floor_conn):
         floor_cpu = cpu.sampler({"server": [server_pid], "client": [os.getpid()]})
         for r in range(rounds):
             rates["drain"].append(drain_round(conn, n=n, desc=f"drain {r + 1}/{rounds}", sample=drain_cpu,
@@ -118,9 +121,12 @@ def drain_in_turns(database_url: str, *, n: int, rounds: int, concurrency: int,
             before = floor_cpu()
             rates["grpc_floor"].append(grpc_floor.round_rate(addr, n=n, concurrency=concurrency))
             spent["grpc_floor"].append(cpu.per_task(before, floor_cpu(), n))
+            rates["sql_floor"].append(floor.drain_round(floor_conn, floor_url, n=n,
+                                                        desc=f"raw SQL floor {r + 1}/{rounds}"))
     return {"drain": {**rounds_summary(rates["drain"], n=n), "cpu_us_per_task": cpu.medians(spent["drain"])},
             "grpc_floor": {**rounds_summary(rates["grpc_floor"], n=n, concurrency=concurrency),
-                           "cpu_us_per_task": cpu.medians(spent["grpc_floor"])}}
+                           "cpu_us_per_task": cpu.medians(spent["grpc_floor"])},
+            "sql_floor": rounds_summary(rates["sql_floor"], n=n, connections=floor.DRAIN_CONNECTIONS)}
 
 
 def controlled(database_url: str, *, n: int, rounds: int, slots: int,

@@ -144,8 +144,9 @@ def rest_batch(url: str, api_key: str, batches: int, size: int = 1000) -> dict[s
     return _result(batches * size, seconds, batch_size=size)
 
 
-def grpc_single(addr: str, count: int, clients: int = 8) -> dict[str, Any]:
-    """ApiService/CreateTask from `clients` concurrent callers on one channel."""
+def grpc_single(addr: str, key: str, count: int, clients: int = 8) -> dict[str, Any]:
+    """ApiService/CreateTask from `clients` concurrent callers on one channel, each call with the
+    API `key` (metadata `authorization`), as a deployed dispatcher requires."""
     import grpc
 
     from valka_sdk.v1 import api_pb2, api_pb2_grpc
@@ -153,12 +154,13 @@ def grpc_single(addr: str, count: int, clients: int = 8) -> dict[str, Any]:
     async def main() -> float:
         async with grpc.aio.insecure_channel(addr) as channel:
             stub = api_pb2_grpc.ApiServiceStub(channel)
+            auth = (("authorization", f"Bearer {key}"),)
             per_client = count // clients
             with bar(per_client * clients, f"enqueue gRPC x{clients}") as progress:
                 async def client() -> None:
                     for i in range(per_client):
                         await stub.CreateTask(api_pb2.CreateTaskRequest(
-                            queue_name=ENQUEUE_QUEUE, task_name="noop", input=f'{{"i": {i}}}'))
+                            queue_name=ENQUEUE_QUEUE, task_name="noop", input=f'{{"i": {i}}}'), metadata=auth)
                         progress.update(1)
 
                 await channel.channel_ready()

@@ -42,26 +42,33 @@ RETURNING id
 FINISH = "UPDATE floor_jobs SET status = 'done', finished_at = now() WHERE id = ANY(%s)"
 
 
-def drain(database_url: str, *, n: int, rounds: int, connections: int = 2) -> dict[str, Any]:
-    rates = []
+DRAIN_CONNECTIONS = 2
+
+
+def drain(database_url: str, *, n: int, rounds: int) -> dict[str, Any]:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        conn.execute(SCHEMA)
-        for r in range(rounds):
-            conn.execute("TRUNCATE floor_jobs")
-            conn.execute("INSERT INTO floor_jobs (queue, status, payload) "
-                         "SELECT 'floor', 'pending', '{}' FROM generate_series(1, %s)", (n,))
-            conn.execute("VACUUM ANALYZE floor_jobs")
-            start = time.time()
-            threads = [threading.Thread(target=_consume, args=(database_url,)) for _ in range(connections)]
-            for t in threads:
-                t.start()
-            wait_until_done(lambda: conn.execute("SELECT count(*) FROM floor_jobs WHERE status = 'done'")
-                            .fetchone()[0], n, f"raw SQL floor {r + 1}/{rounds}", 120)  # type: ignore[index]
-            for t in threads:
-                t.join()
-            last = conn.execute("SELECT max(finished_at) FROM floor_jobs").fetchone()[0]  # type: ignore[index]
-            rates.append(n / max(last.timestamp() - start, 1e-6))
-    return rounds_summary(rates, n=n, connections=connections)
+        rates = [drain_round(conn, database_url, n=n, desc=f"raw SQL floor {r + 1}/{rounds}") for r in range(rounds)]
+    return rounds_summary(rates, n=n, connections=DRAIN_CONNECTIONS)
+
+
+def drain_round(conn: psycopg.Connection, database_url: str, *, n: int, desc: str) -> float:
+    """One drain of `n` rows by DRAIN_CONNECTIONS connections to `database_url` (`conn` is on it
+    too, and counts); its rate per second."""
+    conn.execute(SCHEMA)
+    conn.execute("TRUNCATE floor_jobs")
+    conn.execute("INSERT INTO floor_jobs (queue, status, payload) "
+                 "SELECT 'floor', 'pending', '{}' FROM generate_series(1, %s)", (n,))
+    conn.execute("VACUUM ANALYZE floor_jobs")
+    start = time.time()
+    threads = [threading.Thread(target=_consume, args=(database_url,)) for _ in range(DRAIN_CONNECTIONS)]
+    for t in threads:
+        t.start()
+    wait_until_done(lambda: conn.execute("SELECT count(*) FROM floor_jobs WHERE status = 'done'")
+                    .fetchone()[0], n, desc, 120)  # type: ignore[index]
+    for t in threads:
+        t.join()
+    last = conn.execute("SELECT max(finished_at) FROM floor_jobs").fetchone()[0]  # type: ignore[index]
+    return n / max(last.timestamp() - start, 1e-6)
 
 
 def _consume(database_url: str) -> None:

@@ -78,12 +78,14 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
                                       "web_processes": opts.web_processes}}
     url = stack.database_url
     hop_log = stack.workdir / "hops.jsonl"  # the dispatcher's per-task timestamps (dispatcher/hops.py)
-    dispatcher, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
+    # Its ApiService as deployed, as the web app's API below: callers must present a key.
+    dispatcher, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log), VALKA_API_ANONYMOUS="false")
     queues = [drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE]
     workers = stack.workers(addr, count=opts.workers, concurrency=opts.concurrency, queues=queues)
     out["memory"] = {"dispatcher_idle_start_mib": memory.rss({"d": dispatcher})["d"],
                      "worker_idle_start_mib": memory.rss({"w": workers[0]})["w"]}
     web = None
+    sql_floor: dict[str, Any] | None = None  # the raw-SQL drain, measured in turns with the drain
     if "enqueue" not in skip:
         # The API as deployed: callers must present a key, which the web app looks up before it
         # reads a body (valka/asgi.py); the rest of the stack stays open, a local measurement.
@@ -106,7 +108,7 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
             "in_process_x8": enqueue.in_process(opts.enqueue_count * 2, threads=8),
             "rest_x8": rest["rest_x8"],
             "rest_batch": enqueue.rest_batch(web, key, opts.batches),
-            "grpc_x8": enqueue.grpc_single(addr, opts.enqueue_count),
+            "grpc_x8": enqueue.grpc_single(addr, key, opts.enqueue_count),
         }
         if "django" not in skip:
             out["django"] = {"enqueue_in_process": django_tasks.enqueue_in_process(opts.enqueue_count),
@@ -117,10 +119,13 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
                           "checks_ns": tracing.checks()}
         tracing.cleanup(url)
     if "drain" not in skip:
-        # In turns with the gRPC floor it is held to, which the floor section then does not measure again.
-        out.update(drain.drain_in_turns(url, n=opts.n, rounds=opts.rounds, concurrency=opts.concurrency,
+        # In turns with its floors, which the floor section then does not measure again.
+        in_turns = drain.drain_in_turns(url, n=opts.n, rounds=opts.rounds, concurrency=opts.concurrency,
+                                        floor_url=create_database(url, "floor"),
                                         processes={"dispatcher": [dispatcher.pid],
-                                                   "worker": [w.pid for w in workers]}))
+                                                   "worker": [w.pid for w in workers]})
+        sql_floor = in_turns.pop("sql_floor")
+        out.update(in_turns)
         out["memory"]["worker_mib"] = memory.rss({"w": workers[0]})["w"]
     if "controls" not in skip:
         out["controls"] = drain.controlled(url, n=opts.n, rounds=opts.rounds, slots=opts.workers * opts.concurrency,
@@ -159,7 +164,7 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
             "enqueue_tasks_table": floor.enqueue_tasks_table(url, opts.enqueue_count),
             "enqueue_x8": floor.enqueue_concurrent(floor_url, notify=False),
             "enqueue_x8_notify": floor.enqueue_concurrent(floor_url, notify=True)}
-        out["floor"] = {**floor.drain(floor_url, n=opts.n, rounds=opts.rounds), **beside}
+        out["floor"] = {**(sql_floor or floor.drain(floor_url, n=opts.n, rounds=opts.rounds)), **beside}
         if "grpc_floor" not in out:
             out["grpc_floor"] = grpc_floor.drain(n=opts.n, rounds=opts.rounds, concurrency=opts.concurrency)
     if "memory" not in skip:

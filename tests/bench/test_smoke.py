@@ -40,11 +40,15 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         dispatcher, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
         workers = stack.workers(addr, count=1, concurrency=8,
                                 queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE])
-        beside = drain.drain_in_turns(database_url(), n=50, rounds=2, concurrency=8,
-                                      processes={"dispatcher": [dispatcher.pid], "worker": [w.pid for w in workers]})
-        drained, grpc_floor = beside["drain"], beside["grpc_floor"]
+        with floor_table():  # the raw-SQL floor in turns too
+            beside = drain.drain_in_turns(database_url(), n=50, rounds=2, concurrency=8, floor_url=database_url(),
+                                          processes={"dispatcher": [dispatcher.pid],
+                                                     "worker": [w.pid for w in workers]})
+            assert floor_rows("floor") == 50
+        drained, grpc_floor, sql_floor = beside["drain"], beside["grpc_floor"], beside.pop("sql_floor")
         assert drained["n"] == 50 and len(drained["rounds"]) == 2 and drained["rate_per_s"] > 0
         assert grpc_floor["concurrency"] == 8 and len(grpc_floor["rounds"]) == 2 and grpc_floor["rate_per_s"] > 0
+        assert sql_floor["connections"] == 2 and len(sql_floor["rounds"]) == 2 and sql_floor["rate_per_s"] > 0
         # The CPU by process, per task (a few clock ticks at these sizes: their sum is what is checked).
         spent = drained["cpu_us_per_task"]
         assert set(spent) == {"dispatcher", "worker", "postgres", "benchmark", "total"}
@@ -194,7 +198,7 @@ def test_djangos_task_api_workloads(tmp_path, quiet, monkeypatch):
     stack = BenchStack(database_url(), tmp_path)
     try:
         hop_log = tmp_path / "hops.jsonl"
-        _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
+        _, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log), VALKA_API_ANONYMOUS="false")
         _, web = stack.web()
         _, web_floor = stack.web(app="bench.web_floor:app", BENCH_FLOOR_URL=database_url())
         key = api_key_create(name="bench", scope="write")[1]
@@ -206,6 +210,9 @@ def test_djangos_task_api_workloads(tmp_path, quiet, monkeypatch):
             assert len(rest[side]["rounds"]) == 2 and rest[side]["rate_per_s"] > 0
         assert web_rows == 32  # the web floor stored every request's body
         assert Task.objects.filter(queue=enqueue.ENQUEUE_QUEUE).count() == 32
+        enqueue.cleanup(database_url())
+        created = enqueue.grpc_single(addr, key, 16, clients=2)  # ApiService/CreateTask, with the key
+        assert created["count"] == 16 and Task.objects.filter(queue=enqueue.ENQUEUE_QUEUE).count() == 16
         enqueue.cleanup(database_url())
         local = django_tasks.enqueue_in_process(20)
         remote = django_tasks.enqueue_remote(web, key, 20)
