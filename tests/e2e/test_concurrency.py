@@ -81,8 +81,10 @@ def test_heartbeats_keep_a_long_task_alive_past_its_timeout(stack):
         pytest.skip("the lease reaper (scheduler) is not available yet")
     # The first heartbeat of the run may come half a second after its start (the timer runs from
     # the connection); the lease leaves it three times that to arrive and be written.
+    # The scheduler's extension too: it is the reaper's grace after PostgreSQL started, and with the
+    # default the reaper would judge no lease during the test on a cluster started a moment ago.
     _, addr = stack.dispatcher(VALKA_LEASE_EXTENSION="4")
-    stack.scheduler(VALKA_REAPER_INTERVAL="0.3", VALKA_SCHEDULER_MAX_SLEEP="0.3")
+    stack.scheduler(VALKA_REAPER_INTERVAL="0.3", VALKA_SCHEDULER_MAX_SLEEP="0.3", VALKA_LEASE_EXTENSION="4")
     stack.worker(addr, heartbeat=0.5)
     task = services.task_enqueue(task_name="sleep", queue="default", input={"seconds": 6}, timeout_seconds=2)
     t = wait_status(task.id, "COMPLETED", timeout=30)

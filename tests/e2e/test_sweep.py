@@ -69,8 +69,12 @@ def test_a_cancel_and_a_signal_sent_while_listen_was_down_reach_the_worker(stack
 
 def test_a_worker_frozen_until_its_run_is_reaped_is_told_to_stop_when_it_thaws(stack, tmp_path):
     _, addr = stack.dispatcher(VALKA_LEASE_EXTENSION="4", VALKA_DISPATCH_SWEEP_INTERVAL="1")
-    # The retry waits long enough that the task does not run again during the test.
-    stack.scheduler(VALKA_REAPER_INTERVAL="0.5", VALKA_RETRY_BASE_DELAY="60", VALKA_RETRY_JITTER="0")
+    # The retry waits long enough that the task does not run again during the test. The scheduler
+    # shares the dispatcher's lease extension, as a deployment's processes do: it is also the
+    # reaper's grace after PostgreSQL started (tasks.sql.maintenance.EXPIRED_LEASES), which with the
+    # default of 60 s outlasts the test on a cluster started a moment ago.
+    stack.scheduler(VALKA_REAPER_INTERVAL="0.5", VALKA_RETRY_BASE_DELAY="60", VALKA_RETRY_JITTER="0",
+                    VALKA_LEASE_EXTENSION="4")
     frozen = stack.worker(addr, queues="freeze", concurrency=1, name="frozen", heartbeat=0.5)
     marks = tmp_path / "marks"
     marks.mkdir()
