@@ -21,16 +21,20 @@ Hook = Callable[[psycopg.AsyncConnection], Awaitable[object]]
 
 class Listener:
     """`on_connect` runs on each new connection after its LISTENs, before `connected` is set;
-    `on_stop` runs on the connection when `stop` ends the listener (not when it is lost)."""
+    `on_stop` runs on the connection when `stop` ends the listener (not when it is lost);
+    `on_lost` runs when a connection is lost or cannot be made, before the wait to try again."""
 
     def __init__(self, conninfo: str, handlers: dict[str, Callable[[str], None]],
                  on_reconnect: Callable[[], None], *, on_connect: Hook | None = None,
-                 on_stop: Hook | None = None) -> None:
+                 on_stop: Hook | None = None, on_lost: Callable[[], None] | None = None,
+                 logger: logging.Logger = log) -> None:
         self.conninfo = conninfo
         self.handlers = handlers
         self.on_reconnect = on_reconnect
         self.on_connect = on_connect
         self.on_stop = on_stop
+        self.on_lost = on_lost
+        self.log = logger
         self.connected = asyncio.Event()
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -45,7 +49,7 @@ class Listener:
                         await self.on_connect(conn)
                     self.connected.set()
                     if not first:
-                        log.info("LISTEN connection restored")
+                        self.log.info("LISTEN connection restored")
                     self.on_reconnect()
                     first, backoff = False, 0.2
                     gen = conn.notifies()
@@ -71,7 +75,10 @@ class Listener:
                         reader.cancel()
             except (psycopg.Error, OSError, StopAsyncIteration) as exc:
                 self.connected.clear()
-                log.warning("LISTEN connection lost (%s); reconnecting in %.1fs", exc, backoff)
+                if self.on_lost is not None:
+                    self.on_lost()
+                self.log.warning("LISTEN connection lost (%s); reconnecting in %.1fs",
+                                 " ".join(str(exc).split()) or type(exc).__name__, backoff)
                 try:
                     await asyncio.wait_for(stop.wait(), backoff)
                 except TimeoutError:

@@ -15,11 +15,15 @@ without this module. A look-up that a notification overtook is not remembered (`
 so a key revoked while it was being read is not kept. A revoked key is refused from the moment
 its notification reaches the process, milliseconds after the revocation commits; and an entry is
 read again after `max_age` seconds whatever happens, the bound should a connection die unheard.
+
+The thread runs the processes' common LISTEN loop (valka.listen.Listener) on an event loop of its
+own: it serves a web process's threads, whichever loop they run on.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import threading
 import time
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING
 import psycopg
 
 from tasks.notify import API_KEY_CHANGED
+from valka.listen import Listener
 
 if TYPE_CHECKING:
     from tasks.models import ApiKey
@@ -36,8 +41,7 @@ if TYPE_CHECKING:
 log = logging.getLogger("valka.live_keys")
 
 MAX_AGE = 60.0  # seconds an entry is trusted without a word from PostgreSQL
-WAIT = 1.0  # seconds the listener waits for a notification before it checks whether to stop
-BACKOFF = (0.2, 5.0)  # seconds before the listener connects again: first, then doubling up to
+WAIT = 5.0  # seconds `stop` waits for the listener's thread to end
 
 
 class LiveKeys:
@@ -50,6 +54,7 @@ class LiveKeys:
         self._generation = 0  # counts the changes heard and the listener's comings and goings
         self._listening = False
         self._stop = threading.Event()
+        self._wake: Callable[[], None] | None = None  # ends the listener's loop from another thread
         self._thread: threading.Thread | None = None
 
     @property
@@ -80,11 +85,14 @@ class LiveKeys:
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop listening and forget every key (the thread ends within WAIT seconds)."""
+        """Stop listening and forget every key (waits up to WAIT seconds for the thread to end)."""
         self._stop.set()
+        if (wake := self._wake) is not None:
+            with contextlib.suppress(RuntimeError):  # its loop closed meanwhile: the thread is ending
+                wake()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
-            thread.join(WAIT + 5)
+            thread.join(WAIT)
 
     def changed(self, payload: str) -> None:
         """A notification: forget the key with that hash, or all of them for '*'."""
@@ -109,23 +117,24 @@ class LiveKeys:
             log.warning("the LISTEN connection for API keys leads through a transaction pooler: keys are looked up "
                         "on every call (set VALKA_DIRECT_DATABASE_URL to reach PostgreSQL itself)")
             return
-        backoff = BACKOFF[0]
-        while not self._stop.is_set():
-            try:
-                with psycopg.connect(dsn, autocommit=True) as conn:
-                    conn.execute(f"LISTEN {API_KEY_CHANGED}")
-                    self._set_listening(True)
-                    backoff = BACKOFF[0]
-                    while not self._stop.is_set():
-                        for note in conn.notifies(timeout=WAIT):
-                            self.changed(note.payload)
-            except (psycopg.Error, OSError) as exc:
-                log.warning("API key LISTEN connection lost (%s); reconnecting in %.1fs",
-                            " ".join(str(exc).split()) or type(exc).__name__, backoff)
-            finally:
-                self._set_listening(False)
-            self._stop.wait(backoff)
-            backoff = min(backoff * 2, BACKOFF[1])
+        try:
+            asyncio.run(self._listen(dsn))
+        finally:
+            self._wake = None
+            self._set_listening(False)
+
+    async def _listen(self, dsn: str) -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        self._wake = lambda: loop.call_soon_threadsafe(stop.set)
+        if self._stop.is_set():  # stopped before `_wake` was there to be called
+            return
+
+        async def connected(_conn: psycopg.AsyncConnection) -> None:
+            self._set_listening(True)
+
+        await Listener(dsn, {API_KEY_CHANGED: self.changed}, on_reconnect=lambda: None, on_connect=connected,
+                       on_lost=lambda: self._set_listening(False), logger=log).run(stop)
 
 
 LIVE_KEYS = LiveKeys()
