@@ -52,8 +52,8 @@ def drain(database_url: str, *, n: int, rounds: int) -> dict[str, Any]:
 
 
 def drain_round(conn: psycopg.Connection, database_url: str, *, n: int, desc: str) -> float:
-    """One drain of `n` rows by DRAIN_CONNECTIONS connections to `database_url` (`conn` is on it
-    too, and counts); its rate per second."""
+    """One drain of `n` rows by DRAIN_CONNECTIONS connections to `database_url`; `conn`, on the
+    same database, fills the table and counts what is done. Answers the rate per second."""
     conn.execute(SCHEMA)
     conn.execute("TRUNCATE floor_jobs")
     conn.execute("INSERT INTO floor_jobs (queue, status, payload) "
