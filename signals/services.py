@@ -69,7 +69,10 @@ def _wait_delivered(signal: Signal, delay: float) -> Signal:
     # A DISPATCHING task is being handed to a worker: the dispatcher delivers its signals as soon
     # as the start is written, milliseconds later, so that is worth waiting for too.
     if not Task.objects.filter(id=signal.task_id, status__in=(TaskStatus.DISPATCHING, TaskStatus.RUNNING)).exists():
-        return signal  # delivered after the next assignment, not now
+        # Delivered after the next assignment, not now; or, by a quick worker, already: taken,
+        # acknowledged and its task finished since the insert. The row says which.
+        signal.refresh_from_db()
+        return signal
     deadline = time.monotonic() + delay
     step = 0.005
     while time.monotonic() < deadline:

@@ -50,6 +50,29 @@ def test_a_signal_to_a_task_running_or_being_handed_over_waits_for_its_delivery(
     assert delivered and signal.status == "DELIVERED" and signal.delivered_at is not None
 
 
+@pytest.mark.django_db(transaction=True)
+def test_a_signal_taken_before_the_service_looks_again_counts_as_delivered():
+    """A quick worker can take a signal, acknowledge it and finish its task between the signal's
+    insert and the service's look at the task. A trigger plays that worker here, inside the insert."""
+    task = TaskFactory(status="RUNNING")
+    with connection.cursor() as cur:
+        cur.execute("""
+            CREATE FUNCTION test_quick_worker() RETURNS trigger AS $$ BEGIN
+                UPDATE signals SET status = 'ACKNOWLEDGED', delivered_at = now(), acknowledged_at = now()
+                WHERE id = NEW.id;
+                UPDATE tasks SET status = 'COMPLETED', finished_at = now() WHERE id = NEW.task_id;
+                RETURN NULL;
+            END $$ LANGUAGE plpgsql;
+            CREATE TRIGGER test_quick_worker AFTER INSERT ON signals FOR EACH ROW EXECUTE FUNCTION test_quick_worker();
+        """)
+    try:
+        signal, delivered = services.signal_send(task_id=task.id, signal_type="ping", wait=5.0)
+    finally:
+        with connection.cursor() as cur:
+            cur.execute("DROP TRIGGER test_quick_worker ON signals; DROP FUNCTION test_quick_worker()")
+    assert delivered and signal.status == "ACKNOWLEDGED" and signal.acknowledged_at is not None
+
+
 @pytest.mark.parametrize("status", ["COMPLETED", "FAILED", "DEAD_LETTER", "CANCELLED"])
 def test_final_states_refuse_and_store_nothing(client_api, status):
     task = TaskFactory(status=status)
