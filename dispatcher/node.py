@@ -146,7 +146,7 @@ class DispatcherNode:
         """Notifications sent while the LISTEN connection was down are lost: look at the rows."""
         self.claimer.controls.forget()
         self.claimer.wake(None)
-        self.sweep.wake()
+        self.sweep.reconnected()
 
     async def start(self) -> None:
         await self.pool.open(wait=False)

@@ -1,5 +1,5 @@
-"""The sweep: a look, every `interval` and whenever the LISTEN connection comes back, at the runs
-this node's workers hold.
+"""The sweep: a look, every `interval` and whenever the LISTEN connection comes back (and once
+more a little later), at the runs this node's workers hold.
 
 NOTIFY only wakes things up; a notification sent while the LISTEN connection was down is lost.
 So the sweep re-reads what the notifications would have said, from the rows: a run someone else
@@ -26,6 +26,8 @@ log = logging.getLogger("valka.dispatcher")
 # Seconds a task handed to this node may wait for its NOTIFY to be read before the sweep puts it
 # back: far more than reading one takes, far less than the reaper's wait for a dead node's.
 HANDED_GRACE = 2.0
+# How long after HANDED_GRACE the look that follows a reconnect comes (`Sweep.reconnected`).
+RELOOK_MARGIN = 0.25
 
 
 class Sweep:
@@ -44,6 +46,14 @@ class Sweep:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def reconnected(self) -> None:
+        """The LISTEN connection is back: look now, and again once a task handed over just before it
+        came back (its NOTIFY lost) is HANDED_GRACE old. A producer hands tasks to this node's offers
+        while PostgreSQL is back and the connection not yet; waiting for the next `interval` to put
+        those back held them seconds after a restart."""
+        self.wake()
+        asyncio.get_running_loop().call_later(HANDED_GRACE + RELOOK_MARGIN, self.wake)
 
     async def run_once(self) -> tuple[int, int]:
         """Stop the closed runs and deliver the waiting signals; returns how many of each it found."""
