@@ -459,6 +459,48 @@ RETURNING task_id::text,
     EXISTS (SELECT 1 FROM signals s WHERE s.task_id = task_runs.task_id AND s.status = 'PENDING') AS has_signals
 """
 
+# -- A start and its successful result that reach the writer in one pass: DISPATCHING → RUNNING →
+# COMPLETED as one row version of the task and one run row written COMPLETED (states.guarded_update,
+# `through`). Under load most results come back within the pass their start waits for, and two
+# versions of each row (each with its index entries) cost PostgreSQL about twice the one. No one
+# could see the RUNNING version anyway: both were written in the writer's one transaction.
+# Left to START_RUNS and COMPLETE_RUNS, in the same pass: a task with PENDING signals, which its
+# start hands to the worker (signals.sql TAKE_PENDING), and every task while someone watches the
+# task events, whose stream shows the start and the end each as its own change (events.sql). Tasks
+# are looked up and locked as START_RUNS does; the update reaches them by address, joined to
+# `locked` for their outputs. Returns the ids of the tasks it moved.
+START_COMPLETED_RUNS = """
+WITH locked AS MATERIALIZED (
+    SELECT t.ctid AS tid, t.id, t.attempt_count + 1 AS attempt_number, t.timeout_seconds, i.run_id, i.worker_id,
+           i.value
+    FROM unnest(%(task_ids)s::uuid[], %(run_ids)s::uuid[], %(worker_ids)s::text[], %(values)s::text[])
+         AS i(task_id, run_id, worker_id, value)
+    CROSS JOIN LATERAL (
+        SELECT ctid, id, attempt_count, timeout_seconds FROM tasks
+        WHERE id = i.task_id AND status = 'DISPATCHING' AND claimed_by = %(node_id)s
+          AND NOT EXISTS (SELECT 1 FROM signals s WHERE s.task_id = tasks.id AND s.status = 'PENDING')
+        FOR UPDATE
+    ) t
+    WHERE NOT EXISTS (SELECT FROM task_event_watchers)
+), moved AS (
+    """ + guarded_update(
+    TaskStatus.COMPLETED,
+    sources=[TaskStatus.DISPATCHING], through=TaskStatus.RUNNING,
+    from_="locked", where="tasks.ctid = locked.tid", by_address=True,
+    set="attempt_count = tasks.attempt_count + 1, started_at = now(), output = locked.value::jsonb, "
+        "error_message = NULL",
+    returning="tasks.id",
+) + """
+)
+INSERT INTO task_runs (id, task_id, attempt_number, worker_id, status, lease_expires_at, started_at,
+                       last_heartbeat_at, finished_at, output)
+SELECT l.run_id, l.id, l.attempt_number, l.worker_id, 'COMPLETED', now() + make_interval(secs => l.timeout_seconds),
+       now(), now(), now(), l.value::jsonb
+FROM locked l
+ON CONFLICT DO NOTHING
+RETURNING task_id::text
+"""
+
 # -- Not sent (the stream broke first): DISPATCHING → PENDING, no attempt counted; wake dispatchers. --
 UNSEND = "WITH moved AS (" + guarded_update(
     TaskStatus.PENDING, sources=[TaskStatus.DISPATCHING],

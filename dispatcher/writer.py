@@ -221,9 +221,13 @@ class Writer:
         acks, self._acks = self._acks, []
         try:
             async with self.pool.connection() as conn, conn.transaction():
-                started, taken = await self._write_starts(conn, starts) if starts else (set(), [])
-                if results:
-                    await self._write_results(conn, results)
+                completed = await self._write_completed(conn, starts, results)
+                rest = [(entry, w) for entry, w in starts if entry.task_id not in completed]
+                started, taken = await self._write_starts(conn, rest) if rest else (set(), [])
+                started |= completed
+                left = [r for r in results if r.gate is None or r.gate.task_id not in completed]
+                if left:
+                    await self._write_results(conn, left)
                 if beats:
                     await conn.execute(sql.HEARTBEAT, {
                         "worker_ids": BinaryArray(w for w, _ in beats), "task_ids": BinaryArray(t for _, t in beats),
@@ -261,6 +265,27 @@ class Writer:
             # Some wait for a start still on its way from a stream handler; look again shortly.
             await asyncio.sleep(0.001)
             self._wake.set()
+
+    async def _write_completed(self, conn: Any, starts: list[tuple[InFlight, str]], results: list[Result]) -> set[str]:
+        """The successful results whose start is in this same pass, each written with its start as
+        one change (sql.START_COMPLETED_RUNS); returns the ids of the tasks written so. The rest
+        (a task with signals waiting, a pass while task events are watched, a start that lost its
+        race) go on to START_RUNS and the results' statements, as if this had not run."""
+        if not starts or not results:
+            return set()
+        starting = {id(entry): worker_id for entry, worker_id in starts}
+        pairs = [(r.gate, r) for r in results
+                 if r.success and r.gate is not None and starting.get(id(r.gate)) == r.worker_id]
+        if not pairs:
+            return set()
+        cur = await conn.execute(sql.START_COMPLETED_RUNS, {
+            "task_ids": BinaryArray(entry.task_id for entry, _ in pairs),
+            "run_ids": BinaryArray(entry.run_id for entry, _ in pairs),
+            "worker_ids": BinaryArray(r.worker_id for _, r in pairs),
+            "values": BinaryArray(r.value for _, r in pairs),
+            "node_id": self.settings.node_id,
+        })
+        return {task_id for task_id, in await cur.fetchall()}
 
     async def _write_starts(self, conn: Any, starts: list[tuple[InFlight, str]]) -> tuple[set[str], list[tuple]]:
         """DISPATCHING → RUNNING with run rows; returns the task ids that moved and the signals

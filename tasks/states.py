@@ -102,6 +102,7 @@ def guarded_update(
     from_: str = "",
     returning: str = "id",
     by_address: bool = False,
+    through: str | None = None,
 ) -> str:
     """Build the compare-and-set UPDATE that moves rows to `target`.
 
@@ -118,13 +119,20 @@ def guarded_update(
     the planner the TID scan alone: planned on statistics taken while a status was rare (a
     queue's PENDING tasks before a burst), the guard looked cheaper to find by the status index,
     and the update walked every entry of that status to reach a few rows.
+
+    `through`: the rows pass through this status on their way, two legal steps written as one
+    row version (a start and its result that reach the dispatcher's writer together). No one can
+    see them there, as no one could see the first step's version when both steps shared a
+    transaction; the writes saved are a row version and its index entries per task.
     """
     target = TaskStatus(target)
-    allowed = sources_of(target)
+    allowed = sources_of(through if through is not None else target)
+    if through is not None and TaskStatus(target) not in TRANSITIONS[TaskStatus(through)]:
+        raise ValueError(f"no transition {through} -> {target}")
     chosen = tuple(TaskStatus(s) for s in sources) if sources is not None else allowed
     illegal = [s for s in chosen if s not in allowed]
     if illegal or not chosen:
-        raise ValueError(f"no transition {illegal or '(none)'} -> {target}")
+        raise ValueError(f"no transition {illegal or '(none)'} -> {through or target}")
     prefix = f"{table}." if from_ else ""
     assignments = [f"status = '{target.value}'", "updated_at = now()"]
     if target in FINAL_STATES and "finished_at" not in set:

@@ -1,10 +1,13 @@
 """The dispatcher's writer against the test database, without gRPC."""
 
 import asyncio
+import json
+import time
 import uuid
 
 import psycopg
 import pytest
+from django.db import connection
 
 from dispatcher import sql
 from dispatcher.protocol import Result
@@ -12,8 +15,8 @@ from dispatcher.relay import Relay
 from dispatcher.session import InFlight, SessionRegistry
 from dispatcher.writer import Writer, WriterSettings
 from tasks.models import Task, TaskRun
-from tests.factories import TaskFactory, TaskRunFactory
-from tests.helpers import database_url
+from tests.factories import SignalFactory, TaskFactory, TaskRunFactory
+from tests.helpers import database_url, no_event_watchers_left
 from valka.db import make_pool
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -161,3 +164,84 @@ def test_unsent_tasks_are_put_back_even_when_the_first_try_fails():
 
     asyncio.run(scenario())
     assert Task.objects.get(id=task.id).status == "PENDING"
+
+
+def _one_pass(items: list[tuple[str, bool | None]]) -> None:
+    """One writer pass holding a start for each task id, and its result where given (True: done,
+    False: failed for good); the writer's connections closed after it."""
+    async def scenario() -> None:
+        pool = make_pool("writer-test", min_size=1, max_size=1, session=sql.WRITER_SESSION)
+        await pool.open()
+        try:
+            writer = _writer(pool)
+            for task_id, outcome in items:
+                entry = InFlight(task_id=task_id, run_id=str(uuid.uuid4()), queue="q", attempt=1)
+                writer.start(entry, "w")
+                if outcome is not None:
+                    writer.result(Result(entry.run_id, "w", outcome, False,
+                                         json.dumps({"task": task_id}) if outcome else "boom", entry))
+            await writer.flush_once()
+            assert not writer.pending()
+        finally:
+            await pool.close()
+
+    asyncio.run(scenario())
+
+
+def _run_versions() -> int:
+    """Updates of task_runs rows reported so far. A backend reports its counts when it ends (or
+    idles, at most once a second); the writer's have ended once its pool is closed."""
+    with connection.cursor() as cur:
+        deadline = time.monotonic() + 10
+        while True:  # the writer's backends report as they exit, a moment after the pool closed
+            cur.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'writer-test'"
+                        " AND datname = current_database()")
+            if cur.fetchone()[0] == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.02)
+        cur.execute("SELECT pg_stat_force_next_flush()")  # this backend's own counts, at once
+        cur.execute("SELECT pg_stat_clear_snapshot()")
+        cur.execute("SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'task_runs'")
+        return cur.fetchone()[0]
+
+
+def test_a_start_and_its_result_in_one_pass_are_written_as_one_change():
+    """Under load most results reach the writer in the pass their start waits for. The task then
+    moves DISPATCHING → COMPLETED and its run row is written COMPLETED, with no RUNNING version
+    of either in between; what is written is what the start and the result would write one after
+    the other. A task with a signal waiting is started first, so that the signal is handed over
+    as it would be; a failed result, and a start with no result yet, are written as before."""
+    no_event_watchers_left()
+    done, signalled, failed, started = (TaskFactory(status="DISPATCHING", claimed_by="test-node") for _ in range(4))
+    SignalFactory(task=signalled)
+    before = _run_versions()
+    _one_pass([(str(done.id), True), (str(signalled.id), True), (str(failed.id), False), (str(started.id), None)])
+    after = _run_versions()
+
+    for task in (done, signalled):
+        task.refresh_from_db()
+        run = TaskRun.objects.get(task_id=task.id)
+        assert (task.status, task.attempt_count, task.output) == ("COMPLETED", 1, {"task": str(task.id)})
+        assert (run.status, run.attempt_number, run.worker_id, run.output) == ("COMPLETED", 1, "w", task.output)
+        assert task.started_at == run.started_at == task.finished_at == run.finished_at
+    assert Task.objects.get(id=failed.id).status == "FAILED"
+    assert TaskRun.objects.get(task_id=failed.id).status == "FAILED"
+    assert Task.objects.get(id=started.id).status == "RUNNING"
+    assert TaskRun.objects.get(task_id=started.id).status == "RUNNING"
+    # The run rows written RUNNING and then closed: the failed task's, and the signalled one's, whose
+    # start took its signal (here, with no session holding the task, put back for the next attempt).
+    assert after - before == 2
+
+
+def test_while_task_events_are_watched_a_start_and_its_result_are_announced_apart():
+    """Task events show each change: the start (DISPATCHING → RUNNING) and the end (RUNNING →
+    COMPLETED), even when the writer has both in one pass."""
+    task = TaskFactory(status="DISPATCHING", claimed_by="test-node")
+    with psycopg.connect(database_url(), autocommit=True) as listener:
+        listener.execute("LISTEN valka_task_event")
+        listener.execute("SELECT valka_task_events_watch()")
+        _one_pass([(str(task.id), True)])
+        events = [e for note in listener.notifies(timeout=2, stop_after=None) for e in json.loads(note.payload)]
+    assert [(e["previous_status"], e["new_status"]) for e in events if e["task_id"] == str(task.id)] == [
+        ("DISPATCHING", "RUNNING"), ("RUNNING", "COMPLETED")]
+    assert Task.objects.get(id=task.id).status == "COMPLETED"

@@ -14,6 +14,7 @@ from django.db import connection, transaction
 from dispatcher import sql
 from tasks.services import task_enqueue_many
 from tasks.sql import outcomes
+from tests.helpers import no_event_watchers_left
 from tests.plans import executed_plan, no_autovacuum, nodes, outline
 
 pytestmark = pytest.mark.django_db(transaction=True)
@@ -82,6 +83,19 @@ def test_a_start_reads_the_tasks_it_starts_by_id(after_a_drain, generic, batch):
     tasks first and compared each with every task of the batch: 2.2 million comparisons for a
     pass of 1,500 starts, 1.5 s."""
     plan = executed_plan(sql.START_RUNS, _start(_claim(batch)), generic=generic, session=sql.WRITER_SESSION)
+    assert plan["Actual Rows"] == batch
+    assert not _unkeyed_reads(plan), outline(plan)
+    assert _pairwise_comparisons(plan) == 0, outline(plan)
+
+
+@pytest.mark.parametrize("batch", [BATCH, BIG_BATCH])
+@pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
+def test_a_start_written_with_its_result_reads_its_tasks_by_id(after_a_drain, generic, batch):
+    """As a start: each task looked up by id, and moved by its address, not found by a join."""
+    no_event_watchers_left()  # while task events are watched, the start and the result are written apart
+    start = _start(_claim(batch))
+    plan = executed_plan(sql.START_COMPLETED_RUNS, {**start, "values": ["{}"] * batch}, generic=generic,
+                         session=sql.WRITER_SESSION)
     assert plan["Actual Rows"] == batch
     assert not _unkeyed_reads(plan), outline(plan)
     assert _pairwise_comparisons(plan) == 0, outline(plan)

@@ -62,6 +62,18 @@ def test_guarded_update_in_database(source, target):
         assert moved == [] and task.status == source
 
 
+def test_guarded_update_through_a_status_takes_two_legal_steps_only():
+    """A start and its end written as one change (dispatcher/sql.py START_COMPLETED_RUNS)."""
+    sql = guarded_update(S.COMPLETED, where="true", sources=[S.DISPATCHING], through=S.RUNNING)
+    assert "IN ('DISPATCHING')" in sql and "status = 'COMPLETED'" in sql
+    with pytest.raises(ValueError):  # PENDING → RUNNING is no step
+        guarded_update(S.COMPLETED, where="true", sources=[S.PENDING], through=S.RUNNING)
+    with pytest.raises(ValueError):  # RUNNING → PENDING is no step
+        guarded_update(S.PENDING, where="true", sources=[S.DISPATCHING], through=S.RUNNING)
+    with pytest.raises(ValueError):  # without `through`, DISPATCHING → COMPLETED stays illegal
+        guarded_update(S.COMPLETED, where="true", sources=[S.DISPATCHING])
+
+
 def test_sources_of_matches_table():
     for target in S:
         assert set(sources_of(target)) == {a for a, b in ALLOWED if b == target}
