@@ -50,6 +50,7 @@ from dispatcher.controls import LIMITED, OPEN, PAUSED, QueueControls
 from dispatcher.hops import HopLog
 from dispatcher.offers import OFFER_MAX, Offers
 from dispatcher.session import InFlight, SessionRegistry, WorkerSession
+from valka.db import next_retry_wait
 from valka.ids import uuid7_text_many
 from valka_sdk import tracing
 
@@ -346,7 +347,7 @@ class Claimer:
                 self._queues |= queues | named.keys()
                 self._urgent = True
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = next_retry_wait(backoff)
                 self._wake.set()
 
     async def _read_controls(self) -> None:

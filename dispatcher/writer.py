@@ -32,6 +32,7 @@ from dispatcher.session import InFlight
 from signals import sql as signals_sql
 from tasks.sql import outcomes
 from valka.arrays import BinaryArray
+from valka.db import next_retry_wait
 
 log = logging.getLogger("valka.dispatcher")
 
@@ -152,7 +153,7 @@ class Writer:
             except psycopg.OperationalError as exc:
                 log.warning("dispatcher: the database is unreachable (%s); retrying in %.1fs", exc, backoff)
                 await asyncio.sleep(backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = next_retry_wait(backoff)
             except psycopg.Error as exc:
                 # PostgreSQL refused the pass itself: one bad row must not hold back everyone else's.
                 log.error("dispatcher: a write was refused (%s); writing its items one by one", exc)
@@ -161,7 +162,7 @@ class Writer:
                 except psycopg.Error:
                     log.exception("dispatcher: writing to the database failed; retrying in %.1fs", backoff)
                     await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, 5.0)
+                    backoff = next_retry_wait(backoff)
 
     async def _isolate(self) -> None:
         """Write the buffered starts, results and log lines one at a time, each in its own

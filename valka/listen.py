@@ -13,6 +13,8 @@ from collections.abc import AsyncGenerator, Awaitable, Callable
 
 import psycopg
 
+from valka.db import next_retry_wait
+
 log = logging.getLogger("valka.listen")
 
 
@@ -83,7 +85,7 @@ class Listener:
                     await asyncio.wait_for(stop.wait(), backoff)
                 except TimeoutError:
                     pass
-                backoff = min(backoff * 2, 5.0)
+                backoff = next_retry_wait(backoff)
 
     async def _read(self, gen: AsyncGenerator[psycopg.Notify]) -> None:
         async for note in gen:

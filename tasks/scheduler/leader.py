@@ -25,6 +25,7 @@ import psycopg
 
 from tasks.scheduler.base import sleep_or_stop
 from tasks.sql import maintenance
+from valka.db import next_retry_wait
 
 log = logging.getLogger("valka.scheduler")
 
@@ -75,7 +76,7 @@ class Leader:
                     await _close_quietly(conn)
                     conn = None
                 await sleep_or_stop(stop, backoff)
-                backoff = min(backoff * 2, 5.0)
+                backoff = next_retry_wait(backoff)
             finally:
                 self._set_leading(False)
                 if conn is not None:
