@@ -9,6 +9,8 @@ for when DATABASE_URL leads through a transaction pooler (valka/poolers.py).
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from typing import Any
@@ -19,7 +21,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.db import close_old_connections, connections
 from psycopg import AsyncConnection
 from psycopg.conninfo import make_conninfo
-from psycopg_pool import AsyncConnectionPool
+from psycopg_pool import AsyncConnectionPool, PoolClosed
 
 from valka import arrays
 from valka.conf import valka_settings
@@ -84,6 +86,24 @@ async def _check_if_idle(conn: AsyncConnection) -> None:
         await AsyncConnectionPool.check_connection(conn)
 
 
+async def _try_again_soon(pool: AsyncConnectionPool) -> None:
+    """The pool gave up a connection it could not make (the database is away). It tries again only
+    when a new borrower comes: one already waiting would wait out its whole timeout, though the
+    database came back a second later (a dispatcher claimed nothing for ten seconds after a
+    restart). So look again in a second, which makes a new attempt while a connection is missing."""
+    async def later() -> None:
+        await asyncio.sleep(RETRY_WAIT_MOST)
+        if not pool.closed:
+            with contextlib.suppress(PoolClosed):  # closed meanwhile
+                await pool.check()
+
+    retries: set[asyncio.Task] = pool.__dict__.setdefault("_valka_retries", set())
+    if not retries:  # one at a time
+        task = asyncio.get_running_loop().create_task(later())
+        retries.add(task)
+        task.add_done_callback(retries.discard)
+
+
 def make_pool(application_name: str, min_size: int = 1, max_size: int = 4, *,
               session: str = "", direct: bool = False) -> AsyncConnectionPool:
     """A pool that checks idle connections on borrow, so a PostgreSQL restart heals itself.
@@ -113,7 +133,8 @@ def make_pool(application_name: str, min_size: int = 1, max_size: int = 4, *,
         reset=_mark_returned,
         configure=configure,
         kwargs=kwargs,
-        reconnect_timeout=0,  # keep trying forever; the loops back off and log
+        reconnect_timeout=0,  # a failed attempt gives up at once; _try_again_soon makes the next one
+        reconnect_failed=_try_again_soon,
         timeout=10,
     )
 

@@ -2,11 +2,14 @@
 (`valka.arrays.BinaryArray`) go out in binary."""
 
 import asyncio
+import time
 
 import pytest
 from django.db import connection
 from psycopg.pq import Format
+from psycopg_pool import AsyncConnectionPool
 
+from valka import db
 from valka.arrays import BinaryArray
 from valka.db import make_pool
 
@@ -36,3 +39,29 @@ def test_pool_connections_send_batches_in_binary_and_others_as_text():
         cur.execute(query, [ids])
         assert cur.fetchone()[0] == values
     assert [str(v) if v else v for v in values] == list(ids)
+
+
+@pytest.mark.timeout(120)
+def test_a_borrower_waiting_through_an_outage_gets_a_connection_soon_after_it(own_cluster):
+    """A pool whose database went away gives up each connection it fails to make. A borrower
+    already waiting then got nothing until its timeout ran out (ten seconds), however soon the
+    database came back: a dispatcher's claimer claimed nothing for that long after a restart."""
+    async def scenario() -> float:
+        pool = AsyncConnectionPool(own_cluster.url, min_size=1, max_size=2, timeout=10, open=False,
+                                   reconnect_timeout=0, reconnect_failed=db._try_again_soon)
+        await pool.open(wait=True)
+        try:
+            own_cluster.stop("fast")
+            await pool.check()  # finds its connection broken, fails to make another, gives up
+            waiting = asyncio.create_task(pool.getconn())  # a loop's borrow during the outage
+            await asyncio.sleep(2)
+            own_cluster.start()
+            back = time.monotonic()
+            conn = await waiting
+            got = time.monotonic() - back
+            await pool.putconn(conn)
+            return got
+        finally:
+            await pool.close()
+
+    assert asyncio.run(scenario()) < 5  # within a few seconds, not the borrower's whole timeout
