@@ -62,8 +62,8 @@ def prepared_statements(alias: str = "default") -> bool:
 # How long the long-running loops (the dispatcher's claimer, writer and LISTEN connection, the
 # scheduler's election) wait before they try the database again after it failed them: doubling from
 # a first wait of their own, to at most a second. While the database is away that costs one failed
-# attempt a second per loop; once it is back, every loop finds it within a second. With five
-# seconds at most, a dispatcher could claim nothing for several seconds after PostgreSQL restarted.
+# attempt a second per loop; once it is back, every loop finds it within a second (with five
+# seconds at most, a loop could sleep for seconds past its return).
 RETRY_WAIT_MOST = 1.0  # seconds
 
 

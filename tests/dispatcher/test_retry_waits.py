@@ -1,6 +1,6 @@
 """While the database is away, the dispatcher's loops try it again at least once a second, so
-that each finds it within a second of its return. With waits doubling to five seconds, a
-dispatcher claimed nothing for several seconds after PostgreSQL restarted (the chaos run)."""
+that each finds it within a second of its return; with waits doubling to five seconds, a loop
+could sleep for seconds past it."""
 
 import asyncio
 import logging
