@@ -208,7 +208,7 @@ class Writer:
         On any error the whole pass rolls back and every item goes back to its buffer.
         """
         starts, self._starts = self._starts, []
-        starting = {id(entry) for entry, _ in starts}
+        starting = {id(entry): worker_id for entry, worker_id in starts}  # this pass's starts
 
         def ready(gate: InFlight | None) -> bool:
             return gate is None or gate.started.done() or id(gate) in starting
@@ -222,7 +222,7 @@ class Writer:
         acks, self._acks = self._acks, []
         try:
             async with self.pool.connection() as conn, conn.transaction():
-                completed = await self._write_completed(conn, starts, results)
+                completed = await self._write_completed(conn, starting, results)
                 rest = [(entry, w) for entry, w in starts if entry.task_id not in completed]
                 started, taken = await self._write_starts(conn, rest) if rest else (set(), [])
                 started |= completed
@@ -267,14 +267,14 @@ class Writer:
             await asyncio.sleep(0.001)
             self._wake.set()
 
-    async def _write_completed(self, conn: Any, starts: list[tuple[InFlight, str]], results: list[Result]) -> set[str]:
-        """The successful results whose start is in this same pass, each written with its start as
-        one change (sql.START_COMPLETED_RUNS); returns the ids of the tasks written so. The rest
-        (a task with signals waiting, a pass while task events are watched, a start that lost its
-        race) go on to START_RUNS and the results' statements, as if this had not run."""
-        if not starts or not results:
+    async def _write_completed(self, conn: Any, starting: dict[int, str], results: list[Result]) -> set[str]:
+        """The successful results whose start is in this same pass (`starting`: the starts' worker
+        ids by id of their entries), each written with its start as one change
+        (sql.START_COMPLETED_RUNS); returns the ids of the tasks written so. The rest (a task with
+        signals waiting, a pass while task events are watched, a start that lost its race) go on to
+        START_RUNS and the results' statements, as if this had not run."""
+        if not starting or not results:
             return set()
-        starting = {id(entry): worker_id for entry, worker_id in starts}
         pairs = [(r.gate, r) for r in results
                  if r.success and r.gate is not None and starting.get(id(r.gate)) == r.worker_id]
         if not pairs:

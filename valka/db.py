@@ -104,6 +104,11 @@ async def _try_again_soon(pool: AsyncConnectionPool) -> None:
         task.add_done_callback(retries.discard)
 
 
+# How every pool of make_pool waits for a connection and makes new ones after a failure: a borrower
+# waits at most ten seconds; a failed attempt gives up at once, and _try_again_soon makes the next.
+RECONNECTING: dict[str, Any] = {"timeout": 10, "reconnect_timeout": 0, "reconnect_failed": _try_again_soon}
+
+
 def make_pool(application_name: str, min_size: int = 1, max_size: int = 4, *,
               session: str = "", direct: bool = False) -> AsyncConnectionPool:
     """A pool that checks idle connections on borrow, so a PostgreSQL restart heals itself.
@@ -133,9 +138,7 @@ def make_pool(application_name: str, min_size: int = 1, max_size: int = 4, *,
         reset=_mark_returned,
         configure=configure,
         kwargs=kwargs,
-        reconnect_timeout=0,  # a failed attempt gives up at once; _try_again_soon makes the next one
-        reconnect_failed=_try_again_soon,
-        timeout=10,
+        **RECONNECTING,
     )
 
 

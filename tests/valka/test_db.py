@@ -47,8 +47,7 @@ def test_a_borrower_waiting_through_an_outage_gets_a_connection_soon_after_it(ow
     already waiting then got nothing until its timeout ran out (ten seconds), however soon the
     database came back: a dispatcher's claimer claimed nothing for that long after a restart."""
     async def scenario() -> float:
-        pool = AsyncConnectionPool(own_cluster.url, min_size=1, max_size=2, timeout=10, open=False,
-                                   reconnect_timeout=0, reconnect_failed=db._try_again_soon)
+        pool = AsyncConnectionPool(own_cluster.url, min_size=1, max_size=2, open=False, **db.RECONNECTING)
         await pool.open(wait=True)
         try:
             own_cluster.stop("fast")
