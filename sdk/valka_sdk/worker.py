@@ -202,7 +202,7 @@ class Worker:
         self.interrupt_sync_handlers = interrupt_sync_handlers
         self._signal_hook: SignalHook | None = None
         self._running: dict[str, _Running] = {}
-        self._outbox: asyncio.Queue[pb.WorkerRequest] | None = None
+        self._outbox: asyncio.Queue[pb.WorkerRequest | None] | None = None
         # Results and acknowledgements made while no stream is open (a dispatcher handing its
         # workers over to another): sent first on the next stream.
         self._held: list[pb.WorkerRequest] = []
@@ -301,31 +301,34 @@ class Worker:
         async with channel:
             stub = worker_pb2_grpc.WorkerServiceStub(channel)
             call = stub.Session(metadata=metadata)
-            self._outbox = asyncio.Queue()
             await call.write(pb.WorkerRequest(hello=pb.WorkerHello(
                 worker_id=self.worker_id, worker_name=self.name, queues=self.queues,
                 concurrency=self.concurrency, metadata=json.dumps({**self.metadata, INSTANCE_KEY: self.instance_id}),
             )))
             # The dispatcher answers a hello it takes with its headers (naming our worker id); one
-            # it refuses ends the stream, and what we hold waits for the next.
+            # it refuses ends the stream, and what we hold waits for the next. Until the answer
+            # comes, results are held too: a stream that never opens must not take them along.
             headers = await call.initial_metadata()
+            outbox: asyncio.Queue[pb.WorkerRequest | None] = asyncio.Queue()
+            helpers = []
             if any(key == "x-valka-worker-id" for key, _ in headers or ()):
                 # What was made while no stream was open goes first; then a heartbeat names the tasks
                 # still running, so a dispatcher that carried them over from our last stream settles them.
                 for request in self._held:
-                    self._outbox.put_nowait(request)
+                    outbox.put_nowait(request)
                 self._held = []
-                self._outbox.put_nowait(pb.WorkerRequest(heartbeat=pb.Heartbeat(
+                outbox.put_nowait(pb.WorkerRequest(heartbeat=pb.Heartbeat(
                     active_task_ids=list(self._running), timestamp_ms=int(time.time() * 1000))))
                 self._handover = False
-            helpers = [
-                asyncio.create_task(self._write(call)),
-                asyncio.create_task(self._heartbeats()),
-                asyncio.create_task(self._flush_logs()),
-                asyncio.create_task(self._watch_stop(call)),
-            ]
-            self.connected = True
-            log.info("worker %s connected to %s (queues: %s)", self.name, self.server, ", ".join(self.queues))
+                self._outbox = outbox
+                helpers = [
+                    asyncio.create_task(self._write(call, outbox)),
+                    asyncio.create_task(self._heartbeats()),
+                    asyncio.create_task(self._flush_logs()),
+                    asyncio.create_task(self._watch_stop(call)),
+                ]
+                self.connected = True
+                log.info("worker %s connected to %s (queues: %s)", self.name, self.server, ", ".join(self.queues))
             draining = False
             try:
                 while True:
@@ -353,13 +356,18 @@ class Worker:
                 if not draining:
                     await call.code()  # surface the status of a stream the server ended
             finally:
+                if self._outbox is outbox:
+                    self._outbox = None
                 for helper in helpers:
                     helper.cancel()
+                await asyncio.gather(*helpers, return_exceptions=True)
+                # What this stream did not take waits for the next one.
+                while not outbox.empty():
+                    self._hold(outbox.get_nowait())
                 if not self._handover:
                     # Results of handlers still running cannot reach the server any more: the
                     # dispatcher releases those tasks for a retry, so stop them here.
                     await self._cancel_all("connection to the dispatcher lost")
-                self._outbox = None
 
     async def _move_on(self, call: Any, drain_seconds: int) -> None:
         """The dispatcher is stopping: let the running tasks finish and report here for up to
@@ -370,8 +378,7 @@ class Worker:
         await self._wait_running(float(drain_seconds))
         self._reconnect_soon = True
         await self._flush_now()
-        await asyncio.sleep(0.05)
-        await call.done_writing()
+        self._end_writing()
 
     async def _watch_stop(self, call: Any) -> None:
         assert self._stopping is not None
@@ -381,28 +388,45 @@ class Worker:
         await self._wait_running(self.drain_timeout)
         await self._cancel_all("worker stopped")
         await self._flush_now()
-        await asyncio.sleep(0.05)
-        await call.done_writing()
+        self._end_writing()
         # The dispatcher ends the stream when it sees ours end; don't wait forever for it.
         await asyncio.sleep(5)
         call.cancel()
+
+    def _end_writing(self) -> None:
+        """End our side of the stream once what is queued for it is written; what is made from
+        now on waits for the next stream."""
+        outbox, self._outbox = self._outbox, None
+        if outbox is not None:
+            outbox.put_nowait(None)
 
     async def _wait_running(self, timeout: float) -> None:
         deadline = time.monotonic() + timeout
         while self._running and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
 
-    async def _write(self, call: Any) -> None:
-        assert self._outbox is not None
-        outbox = self._outbox
-        while True:
-            await call.write(await outbox.get())
+    async def _write(self, call: Any, outbox: asyncio.Queue[pb.WorkerRequest | None]) -> None:
+        while (request := await outbox.get()) is not None:
+            try:
+                await call.write(request)
+            except BaseException:
+                # It may or may not have reached the server: a result written twice is taken
+                # once (the server closes a run once), one lost would run its task again.
+                self._hold(request)
+                raise
+        await call.done_writing()
 
     def _send(self, request: pb.WorkerRequest) -> None:
         if self._outbox is not None:
             self._outbox.put_nowait(request)
-        elif request.WhichOneof("request") in ("task_result", "signal_ack"):
-            self._held.append(request)  # for the next stream
+        else:
+            self._hold(request)
+
+    def _hold(self, request: pb.WorkerRequest | None) -> None:
+        """Keep a result or a signal's acknowledgement for the next stream; the rest (heartbeats,
+        log lines of a stream that broke) is not worth a late send."""
+        if request is not None and request.WhichOneof("request") in ("task_result", "signal_ack"):
+            self._held.append(request)
 
     async def _heartbeats(self) -> None:
         while True:

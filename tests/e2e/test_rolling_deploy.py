@@ -72,3 +72,26 @@ def test_tasks_longer_than_the_shutdown_are_handed_over_to_the_next_dispatcher(s
     assert not TaskRun.objects.filter(status="LOST").exists()
     assert TaskRun.objects.count() == 4
     assert _executions(marks, "started") == _executions(marks, "finished") == Counter(str(t.id) for t in tasks)
+
+
+def test_tasks_that_end_while_no_dispatcher_is_up_report_to_the_next_one(stack, tmp_path):
+    """The worker keeps trying to reconnect while nothing listens; results made between its
+    attempts are held for the stream that finally opens."""
+    port = free_port()
+    env = {"VALKA_SHUTDOWN_TIMEOUT": "5"}  # no drain: the streams end at once
+    proc, addr = stack.dispatcher(port, **env)
+    stack.worker(addr, concurrency=2, name="w0", heartbeat=1, VALKA_TEST_RECONNECT_MAX="0.5")
+    marks = tmp_path / "marks"
+    marks.mkdir()
+    tasks = services.task_enqueue_many(
+        [{"task_name": "sleep", "queue": "default", "input": {"seconds": 4, "mark": str(marks)}}] * 2)
+    wait_for(lambda: Task.objects.filter(status="RUNNING").count() == 2, what="the two running")
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+    wait_for(lambda: sum(_executions(marks, "finished").values()) == 2, timeout=30, what="the runs' ends")
+    time.sleep(2)  # the worker keeps trying meanwhile
+    stack.dispatcher(port, **env)
+    wait_for(lambda: Task.objects.filter(status="COMPLETED").count() == 2, timeout=30, what="all done")
+    assert not TaskRun.objects.filter(status="LOST").exists()
+    assert TaskRun.objects.count() == 2
+    assert _executions(marks, "started") == _executions(marks, "finished") == Counter(str(t.id) for t in tasks)
