@@ -11,6 +11,8 @@ while a flush is in progress and go out together in the next one, so under
 load one statement carries many messages and at rest a message is written
 at once. Starts are committed before results in every pass; a result or log
 line for a run whose start is still on its way waits for the next pass.
+A start that came in during a pass waits out the next one too, unless its result
+is there: a start written with its result is one change instead of two.
 """
 
 from __future__ import annotations
@@ -70,7 +72,8 @@ class Writer:
         self.relay = relay
         self.cancel = cancel
         self._background: set[asyncio.Task] = set()
-        self._starts: list[tuple[InFlight, str]] = []  # (entry, worker id)
+        self._starts: list[tuple[InFlight, str, int]] = []  # (entry, worker id, the pass it came in)
+        self._passes = 0  # passes begun
         self._results: list[Result] = []
         self._heartbeats: list[tuple[str, str]] = []  # (worker id, task id)
         self._heard: dict[str, str] = {}  # session id by worker id, of the workers that sent a heartbeat
@@ -86,7 +89,7 @@ class Writer:
 
     # -- producers (called from stream handlers; never block) --
     def start(self, entry: InFlight, worker_id: str) -> None:
-        self._starts.append((entry, worker_id))
+        self._starts.append((entry, worker_id, self._passes))
         self.starting.add(entry.task_id)
         self._poke(ITEM)
 
@@ -188,7 +191,7 @@ class Writer:
                         if name == "_starts":
                             # The task stays DISPATCHING (the reaper puts it back): the worker that
                             # has its assignment must stop, and the run's result waits for nothing.
-                            self._settle_starts([item], set())
+                            self._settle_starts([item[:2]], set())
                         if isinstance(item, Result):
                             self._results = [Result(item.run_id, item.worker_id, False, False,
                                                     f"the worker's result could not be stored ({exc.sqlstate})",
@@ -207,7 +210,14 @@ class Writer:
         Starts go first, so a result of a run started in this same pass finds its run row.
         On any error the whole pass rolls back and every item goes back to its buffer.
         """
-        starts, self._starts = self._starts, []
+        self._passes += 1
+        # A start that came in since the last pass began waits this pass out unless its result is
+        # here: under load most results come back within it, and a start written with its result
+        # costs about half the two written apart. A start waits one pass at most.
+        answered = {id(r.gate) for r in self._results if r.gate is not None}
+        young = self._passes - 1
+        starts = [(e, w) for e, w, seen in self._starts if seen < young or id(e) in answered]
+        self._starts = [(e, w, seen) for e, w, seen in self._starts if not (seen < young or id(e) in answered)]
         starting = {id(entry): worker_id for entry, worker_id in starts}  # this pass's starts
 
         def ready(gate: InFlight | None) -> bool:
@@ -220,6 +230,8 @@ class Writer:
         beats, self._heartbeats = self._heartbeats, []
         heard, self._heard = self._heard, {}
         acks, self._acks = self._acks, []
+        if not (starts or results or lines or beats or heard or acks):
+            return  # only starts waiting for their results: the next pass writes them
         try:
             async with self.pool.connection() as conn, conn.transaction():
                 completed = await self._write_completed(conn, starting, results)
@@ -250,7 +262,7 @@ class Writer:
                     await conn.execute(signals_sql.ACKNOWLEDGE, {"ids": BinaryArray(s for _, s in acks),
                                                                  "worker_ids": BinaryArray(w for w, _ in acks)})
         except BaseException:
-            self._starts[:0] = starts
+            self._starts[:0] = [(e, w, 0) for e, w in starts]
             self._results[:0] = results
             self._logs[:0] = lines
             self._heartbeats[:0] = beats

@@ -118,24 +118,61 @@ def test_an_assignment_whose_start_is_not_written_is_cancelled_and_its_result_ig
 
 def test_a_sent_task_counts_as_starting_until_its_start_is_written():
     """What the sweep reads (Writer.starting) so as not to put back a task whose result came back
-    before its start was written."""
+    before its start was written. A start with no result yet waits out one pass for it, and the
+    next pass writes it."""
     task = TaskFactory(status="DISPATCHING", claimed_by="test-node")
 
-    async def scenario() -> tuple[bool, bool]:
+    async def scenario() -> list[tuple[bool, str]]:
         pool = make_pool("writer-test", min_size=1, max_size=2, session=sql.WRITER_SESSION)
         await pool.open()
+        seen = []
         try:
             writer = _writer(pool)
             entry = InFlight(task_id=str(task.id), run_id=str(uuid.uuid4()), queue=task.queue, attempt=1)
             writer.start(entry, "w")
-            before = str(task.id) in writer.starting
-            await writer.flush_once()
+            for _ in range(3):
+                async with pool.connection() as conn:
+                    cur = await conn.execute("SELECT status FROM tasks WHERE id = %s", (task.id,))
+                    status, = await cur.fetchone()
+                seen.append((str(task.id) in writer.starting, status))
+                await writer.flush_once()
         finally:
             await pool.close()
-        return before, str(task.id) in writer.starting
+        return seen
 
-    assert asyncio.run(scenario()) == (True, False)
-    assert Task.objects.get(id=task.id).status == "RUNNING"
+    assert asyncio.run(scenario()) == [(True, "DISPATCHING"), (True, "DISPATCHING"), (False, "RUNNING")]
+
+
+def test_a_start_waits_one_pass_for_its_result_to_be_written_with_it():
+    """Under load a result comes back a pass after its start reached the writer: the start waits
+    that pass out, and the two are written as one change. A start whose result takes longer is
+    written alone by the pass after."""
+    no_event_watchers_left()
+    quick, slow = (TaskFactory(status="DISPATCHING", claimed_by="test-node") for _ in range(2))
+
+    async def scenario() -> None:
+        pool = make_pool("writer-test", min_size=1, max_size=1, session=sql.WRITER_SESSION)
+        await pool.open()
+        try:
+            writer = _writer(pool)
+            entries = {t.id: InFlight(task_id=str(t.id), run_id=str(uuid.uuid4()), queue="q", attempt=1)
+                       for t in (quick, slow)}
+            for entry in entries.values():
+                writer.start(entry, "w")
+            await writer.flush_once()  # both wait
+            writer.result(Result(entries[quick.id].run_id, "w", True, False, "{}", entries[quick.id]))
+            await writer.flush_once()  # the quick one with its result, the slow one alone
+            assert not writer.pending()
+        finally:
+            await pool.close()
+
+    before = _run_versions()
+    asyncio.run(scenario())
+    assert _run_versions() - before == 0  # no run row written twice
+    assert (Task.objects.get(id=quick.id).status, TaskRun.objects.get(task_id=quick.id).status) == (
+        "COMPLETED", "COMPLETED")
+    assert (Task.objects.get(id=slow.id).status, TaskRun.objects.get(task_id=slow.id).status) == (
+        "RUNNING", "RUNNING")
 
 
 def test_unsent_tasks_are_put_back_even_when_the_first_try_fails():
@@ -168,7 +205,8 @@ def test_unsent_tasks_are_put_back_even_when_the_first_try_fails():
 
 def _one_pass(items: list[tuple[str, bool | None]]) -> None:
     """One writer pass holding a start for each task id, and its result where given (True: done,
-    False: failed for good); the writer's connections closed after it."""
+    False: failed for good), then the pass that writes the starts left waiting for a result; the
+    writer's connections closed after them."""
     async def scenario() -> None:
         pool = make_pool("writer-test", min_size=1, max_size=1, session=sql.WRITER_SESSION)
         await pool.open()
@@ -180,6 +218,7 @@ def _one_pass(items: list[tuple[str, bool | None]]) -> None:
                 if outcome is not None:
                     writer.result(Result(entry.run_id, "w", outcome, False,
                                          json.dumps({"task": task_id}) if outcome else "boom", entry))
+            await writer.flush_once()
             await writer.flush_once()
             assert not writer.pending()
         finally:
