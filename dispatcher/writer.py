@@ -231,7 +231,11 @@ class Writer:
         heard, self._heard = self._heard, {}
         acks, self._acks = self._acks, []
         if not (starts or results or lines or beats or heard or acks):
-            return  # only starts waiting for their results: the next pass writes them
+            # Nothing to write yet: starts that wait for their results (the next pass writes them),
+            # or results and lines whose start is still on its way from a stream handler, which
+            # must get to run before the next pass looks again.
+            await asyncio.sleep(0.001 if self._results or self._logs else 0)
+            return
         try:
             async with self.pool.connection() as conn, conn.transaction():
                 completed = await self._write_completed(conn, starting, results)

@@ -2,6 +2,7 @@
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 
@@ -173,6 +174,43 @@ def test_a_start_waits_one_pass_for_its_result_to_be_written_with_it():
         "COMPLETED", "COMPLETED")
     assert (Task.objects.get(id=slow.id).status, TaskRun.objects.get(task_id=slow.id).status) == (
         "RUNNING", "RUNNING")
+
+
+def test_a_result_that_comes_before_its_start_waits_for_it_without_holding_up_the_loop():
+    """A worker may answer before its stream handler has handed the start to the writer (the
+    write's completion is reported later). The writer waits for the start, letting the handler
+    run meanwhile, and then writes both."""
+    task = TaskFactory(status="DISPATCHING", claimed_by="test-node")
+    outcome: list[str] = []
+
+    async def scenario() -> None:
+        pool = make_pool("writer-test", min_size=1, max_size=2, session=sql.WRITER_SESSION)
+        await pool.open()
+        try:
+            writer = _writer(pool)
+            stop = asyncio.Event()
+            runner = asyncio.create_task(writer.run(stop))
+            entry = InFlight(task_id=str(task.id), run_id=str(uuid.uuid4()), queue=task.queue, attempt=1)
+            writer.result(Result(entry.run_id, "w", True, False, '{"ok": true}', entry))
+            await asyncio.sleep(0.05)  # the handler's turn comes while the writer waits
+            writer.start(entry, "w")
+            for _ in range(100):
+                await asyncio.sleep(0.02)
+                if not writer.pending():
+                    break
+            stop.set()
+            await runner
+            outcome.append("done")
+        finally:
+            await pool.close()
+
+    # In a thread of its own: a writer that never yields would hold this one forever.
+    thread = threading.Thread(target=asyncio.run, args=(scenario(),), daemon=True)
+    thread.start()
+    thread.join(20)
+    assert outcome == ["done"], "the writer held up the event loop"
+    assert Task.objects.get(id=task.id).status == "COMPLETED"
+    assert TaskRun.objects.get(task_id=task.id).status == "COMPLETED"
 
 
 def test_unsent_tasks_are_put_back_even_when_the_first_try_fails():
