@@ -1,10 +1,12 @@
 """The dispatcher's writer against the test database, without gRPC."""
 
 import asyncio
+import contextlib
 import json
 import threading
 import time
 import uuid
+from collections.abc import AsyncIterator
 
 import psycopg
 import pytest
@@ -30,28 +32,36 @@ def _writer(pool, cancel=lambda task_id, why: None) -> Writer:
                                           retry_params={"retry_base": 1, "retry_cap": 10, "retry_jitter": 0.25}))
 
 
+@contextlib.asynccontextmanager
+async def _running_writer() -> AsyncIterator[Writer]:
+    """A writer running on a pool of its own; on leaving, it writes what it holds (ten seconds at
+    most) and stops."""
+    pool = make_pool("writer-test", min_size=1, max_size=2, session=sql.WRITER_SESSION)
+    await pool.open()
+    try:
+        writer = _writer(pool)
+        stop = asyncio.Event()
+        runner = asyncio.create_task(writer.run(stop))
+        yield writer
+        for _ in range(200):
+            await asyncio.sleep(0.05)
+            if not writer.pending():
+                break
+        stop.set()
+        await runner
+    finally:
+        await pool.close()
+
+
 def test_a_row_postgresql_refuses_does_not_hold_back_the_others():
     good = TaskRunFactory(worker_id="w")
     bad = TaskRunFactory(worker_id="w")
 
     async def scenario():
-        pool = make_pool("writer-test", min_size=1, max_size=2, session=sql.WRITER_SESSION)
-        await pool.open()
-        try:
-            writer = _writer(pool)
-            stop = asyncio.Event()
-            runner = asyncio.create_task(writer.run(stop))
+        async with _running_writer() as writer:
             # A value that slipped past validation: PostgreSQL cannot cast it to jsonb.
             writer.result(Result(str(bad.id), "w", True, False, "{not json", None))
             writer.result(Result(str(good.id), "w", True, False, '{"ok": true}', None))
-            for _ in range(200):
-                await asyncio.sleep(0.05)
-                if not writer.pending():
-                    break
-            stop.set()
-            await runner
-        finally:
-            await pool.close()
 
     asyncio.run(scenario())
     done = Task.objects.get(id=good.task_id)
@@ -184,25 +194,12 @@ def test_a_result_that_comes_before_its_start_waits_for_it_without_holding_up_th
     outcome: list[str] = []
 
     async def scenario() -> None:
-        pool = make_pool("writer-test", min_size=1, max_size=2, session=sql.WRITER_SESSION)
-        await pool.open()
-        try:
-            writer = _writer(pool)
-            stop = asyncio.Event()
-            runner = asyncio.create_task(writer.run(stop))
+        async with _running_writer() as writer:
             entry = InFlight(task_id=str(task.id), run_id=str(uuid.uuid4()), queue=task.queue, attempt=1)
             writer.result(Result(entry.run_id, "w", True, False, '{"ok": true}', entry))
             await asyncio.sleep(0.05)  # the handler's turn comes while the writer waits
             writer.start(entry, "w")
-            for _ in range(100):
-                await asyncio.sleep(0.02)
-                if not writer.pending():
-                    break
-            stop.set()
-            await runner
-            outcome.append("done")
-        finally:
-            await pool.close()
+        outcome.append("done")
 
     # In a thread of its own: a writer that never yields would hold this one forever.
     thread = threading.Thread(target=asyncio.run, args=(scenario(),), daemon=True)
