@@ -215,9 +215,13 @@ class Writer:
         # here: under load most results come back within it, and a start written with its result
         # costs about half the two written apart. A start waits one pass at most.
         answered = {id(r.gate) for r in self._results if r.gate is not None}
-        young = self._passes - 1
-        starts = [(e, w) for e, w, seen in self._starts if seen < young or id(e) in answered]
-        self._starts = [(e, w, seen) for e, w, seen in self._starts if not (seen < young or id(e) in answered)]
+        starts, waiting = [], []
+        for entry, worker_id, seen in self._starts:
+            if seen < self._passes - 1 or id(entry) in answered:
+                starts.append((entry, worker_id))
+            else:
+                waiting.append((entry, worker_id, seen))
+        self._starts = waiting
         starting = {id(entry): worker_id for entry, worker_id in starts}  # this pass's starts
 
         def ready(gate: InFlight | None) -> bool:
@@ -266,7 +270,7 @@ class Writer:
                     await conn.execute(signals_sql.ACKNOWLEDGE, {"ids": BinaryArray(s for _, s in acks),
                                                                  "worker_ids": BinaryArray(w for w, _ in acks)})
         except BaseException:
-            self._starts[:0] = [(e, w, 0) for e, w in starts]
+            self._starts[:0] = [(e, w, 0) for e, w in starts]  # due again at the next pass
             self._results[:0] = results
             self._logs[:0] = lines
             self._heartbeats[:0] = beats
