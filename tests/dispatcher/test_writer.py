@@ -33,13 +33,21 @@ def _writer(pool, cancel=lambda task_id, why: None) -> Writer:
 
 
 @contextlib.asynccontextmanager
+async def _own_writer(max_size: int = 2) -> AsyncIterator[Writer]:
+    """A writer on a pool of its own, closed on leaving (its backends then exit)."""
+    pool = make_pool("writer-test", min_size=1, max_size=max_size, session=sql.WRITER_SESSION)
+    await pool.open()
+    try:
+        yield _writer(pool)
+    finally:
+        await pool.close()
+
+
+@contextlib.asynccontextmanager
 async def _running_writer() -> AsyncIterator[Writer]:
     """A writer running on a pool of its own; on leaving, it writes what it holds (ten seconds at
     most) and stops."""
-    pool = make_pool("writer-test", min_size=1, max_size=2, session=sql.WRITER_SESSION)
-    await pool.open()
-    try:
-        writer = _writer(pool)
+    async with _own_writer() as writer:
         stop = asyncio.Event()
         runner = asyncio.create_task(writer.run(stop))
         yield writer
@@ -49,8 +57,6 @@ async def _running_writer() -> AsyncIterator[Writer]:
                 break
         stop.set()
         await runner
-    finally:
-        await pool.close()
 
 
 def test_a_row_postgresql_refuses_does_not_hold_back_the_others():
@@ -134,21 +140,16 @@ def test_a_sent_task_counts_as_starting_until_its_start_is_written():
     task = TaskFactory(status="DISPATCHING", claimed_by="test-node")
 
     async def scenario() -> list[tuple[bool, str]]:
-        pool = make_pool("writer-test", min_size=1, max_size=2, session=sql.WRITER_SESSION)
-        await pool.open()
         seen = []
-        try:
-            writer = _writer(pool)
+        async with _own_writer() as writer:
             entry = InFlight(task_id=str(task.id), run_id=str(uuid.uuid4()), queue=task.queue, attempt=1)
             writer.start(entry, "w")
             for _ in range(3):
-                async with pool.connection() as conn:
+                async with writer.pool.connection() as conn:
                     cur = await conn.execute("SELECT status FROM tasks WHERE id = %s", (task.id,))
                     status, = await cur.fetchone()
                 seen.append((str(task.id) in writer.starting, status))
                 await writer.flush_once()
-        finally:
-            await pool.close()
         return seen
 
     assert asyncio.run(scenario()) == [(True, "DISPATCHING"), (True, "DISPATCHING"), (False, "RUNNING")]
@@ -162,10 +163,7 @@ def test_a_start_waits_one_pass_for_its_result_to_be_written_with_it():
     quick, slow = (TaskFactory(status="DISPATCHING", claimed_by="test-node") for _ in range(2))
 
     async def scenario() -> None:
-        pool = make_pool("writer-test", min_size=1, max_size=1, session=sql.WRITER_SESSION)
-        await pool.open()
-        try:
-            writer = _writer(pool)
+        async with _own_writer(max_size=1) as writer:
             entries = {t.id: InFlight(task_id=str(t.id), run_id=str(uuid.uuid4()), queue="q", attempt=1)
                        for t in (quick, slow)}
             for entry in entries.values():
@@ -174,8 +172,6 @@ def test_a_start_waits_one_pass_for_its_result_to_be_written_with_it():
             writer.result(Result(entries[quick.id].run_id, "w", True, False, "{}", entries[quick.id]))
             await writer.flush_once()  # the quick one with its result, the slow one alone
             assert not writer.pending()
-        finally:
-            await pool.close()
 
     before = _run_versions()
     asyncio.run(scenario())
@@ -243,10 +239,7 @@ def _one_pass(items: list[tuple[str, bool | None]]) -> None:
     False: failed for good), then the pass that writes the starts left waiting for a result; the
     writer's connections closed after them."""
     async def scenario() -> None:
-        pool = make_pool("writer-test", min_size=1, max_size=1, session=sql.WRITER_SESSION)
-        await pool.open()
-        try:
-            writer = _writer(pool)
+        async with _own_writer(max_size=1) as writer:
             for task_id, outcome in items:
                 entry = InFlight(task_id=task_id, run_id=str(uuid.uuid4()), queue="q", attempt=1)
                 writer.start(entry, "w")
@@ -256,8 +249,6 @@ def _one_pass(items: list[tuple[str, bool | None]]) -> None:
             await writer.flush_once()
             await writer.flush_once()
             assert not writer.pending()
-        finally:
-            await pool.close()
 
     asyncio.run(scenario())
 
