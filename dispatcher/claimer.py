@@ -9,9 +9,11 @@ cost a statement (and a walk of the claim index) per couple of tasks. So a
 pass woken only by freed slots, while under a quarter of the queue's slots
 are free, first lets results free more: until a quarter are free, for `gather`
 at most, and it claims for all of them at once. The workers keep three
-quarters of their slots busy meanwhile. Any other wake-up (a new task, a new
-worker) ends the wait, and an idle worker's slots are all free: a new task is
-claimed at once.
+quarters of their slots busy meanwhile. A queue with controls waits until half
+are free: its claim costs more, and most of that cost is the same whatever the
+claim's size (it counts the queue's running tasks, or visits each of its keys).
+Any other wake-up (a new task, a new worker) ends the wait, and an idle
+worker's slots are all free: a new task is claimed at once.
 
 A queue with controls (docs/queues.md; what this node knows of them is `controls`) is claimed
 with CLAIM_LIMITED, one claim of it at a time across the cluster, or not at all while paused.
@@ -264,22 +266,25 @@ class Claimer:
             self.slot_freed(queue)
 
     def slot_freed(self, queue: str) -> None:
-        """A slot of `queue` is free. While a gather waits for more, only the slot that makes a
-        quarter free ends it: waking it for each result cost more than the claim it waits for."""
+        """A slot of `queue` is free. While a gather waits for more, only the slot that makes enough
+        free ends it: waking it for each result cost more than the claim it waits for."""
         self._queues.add(queue)
         if not (self._gathering and self._few_free((queue,))):
             self._wake.set()
 
     def _few_free(self, queues: Iterable[str]) -> bool:
+        """Whether each of `queues` has fewer slots free than its claim waits for (see the module's
+        docstring): a quarter of its slots, half for a queue with controls."""
         for queue in queues:
             sessions = self.sessions.for_queue(queue)
-            if sum(s.free_slots() for s in sessions) * 4 >= sum(s.concurrency for s in sessions):
+            share = 2 if self.controls.mode(queue) == LIMITED else 4
+            if sum(s.free_slots() for s in sessions) * share >= sum(s.concurrency for s in sessions):
                 return False
         return True
 
     async def _gather(self) -> None:
         """While the pending wake-ups are only freed slots and few are free, wait (`gather` at most)
-        for results to free more; any other wake-up, or a quarter of the slots free, ends the wait."""
+        for results to free more; any other wake-up, or enough slots free, ends the wait."""
         if self._urgent or not self._few_free(self._queues):
             return
         self._gathering = True

@@ -7,6 +7,7 @@ import pytest
 from django.db import connection
 
 from dispatcher.claimer import Claimer, ClaimerSettings
+from dispatcher.controls import Control
 from dispatcher.session import InFlight, SessionRegistry, WorkerSession
 from dispatcher.sql import CLAIM_SESSION, UNSEND
 from tasks.services import task_enqueue_many
@@ -106,29 +107,33 @@ def gather() -> float:
     return GATHER
 
 
-def test_a_claim_for_freed_slots_waits_until_a_quarter_are_free(gather):
+@pytest.mark.parametrize(("limited", "enough"), [(False, 4), (True, 8)], ids=["open: a quarter", "limited: half"])
+def test_a_claim_for_freed_slots_waits_until_enough_are_free(gather, limited, enough):
     async def scenario() -> tuple[float, float]:
         claimer, slots = _gathering_claimer(16)
+        if limited:  # a queue with controls: its claim's cost is mostly the same whatever its size
+            claimer.controls._by_queue = {"q": Control(paused=False, resumes_at=None, limited=True, rated=False)}
+            claimer.controls._read_at = asyncio.get_running_loop().time()
         loop = asyncio.get_running_loop()
 
         async def results() -> float:
-            for _ in range(4):  # the fourth makes a quarter of the 16 slots free
+            for _ in range(enough):  # the last of them makes enough of the 16 slots free
                 await asyncio.sleep(0.001)
                 slots.taken -= 1
                 claimer.freed("q")
-                if slots.taken == 15:
-                    assert not claimer._wake.is_set()  # one freed slot does not end the wait
+                if slots.taken > 16 - enough:
+                    assert not claimer._wake.is_set()  # fewer freed slots do not end the wait
             return loop.time()
 
         started = loop.time()
         claimer.freed("q")
         gather = asyncio.ensure_future(claimer._gather())
-        quarter_free_at = await results()
+        enough_free_at = await results()
         await gather
-        return loop.time() - quarter_free_at, loop.time() - started
+        return loop.time() - enough_free_at, loop.time() - started
 
-    after_quarter, waited = asyncio.run(scenario())
-    assert after_quarter < gather / 2
+    after_enough, waited = asyncio.run(scenario())
+    assert after_enough < gather / 2
     assert waited < gather
 
 
