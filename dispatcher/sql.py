@@ -252,11 +252,13 @@ SELECT set_config('synchronous_commit', 'off', true) FROM queues WHERE name = %(
 # Without max_running_per_key the due tasks are picked as CLAIM picks them (`plain`). With it,
 # the keys take turns (`fair`): the keys with PENDING tasks are found one probe each of
 # tasks_key_pending_idx (`keys`), from the key after the last one served (`key_cursor`) round to
-# it again, at most the allowance and 16 more; each key's running tasks are counted up to the limit
-# in tasks_key_active_idx (`key_rooms`), and a key with room offers its first due tasks, up to an
-# equal share of the allowance (`keyed`; a key whose room is less than its share reads one task more,
-# `beyond`, which says its limit held it back), as do the tasks without a key, found among the queue's
-# first due tasks, as many as the allowance and 16 more (`unkeyed`: no index holds them apart).
+# it again, at most the allowance and 16 more (each step's key in a subquery kept apart by OFFSET
+# 0: pulled up, the key that the step names twice was probed for twice); each key's running tasks
+# are counted up to the limit in tasks_key_active_idx (`key_rooms`), and a key with room offers its
+# first due tasks, up to an equal share of the allowance (`keyed`; a key whose room is less than
+# its share reads one task more, `beyond`, which says its limit held it back), as do the tasks
+# without a key, found among the queue's first due tasks, as many as the allowance and 16 more
+# (`unkeyed`: no index holds them apart).
 # The picks go round by round: each key's first task, then each key's second, and so on; the turn
 # moves on to the last key served. When a key's share left the claim short while another key had
 # more, it says so (`again`) and the dispatcher claims once more.
@@ -326,14 +328,14 @@ WITH RECURSIVE queue AS MATERIALIZED (
         (SELECT t.concurrency_key FROM tasks t WHERE t.status = 'PENDING' AND t.queue = %(queue)s
            AND t.concurrency_key > (SELECT key_cursor FROM queue) ORDER BY t.concurrency_key LIMIT 1),
         (SELECT t.concurrency_key FROM tasks t WHERE t.status = 'PENDING' AND t.queue = %(queue)s
-           AND t.concurrency_key IS NOT NULL ORDER BY t.concurrency_key LIMIT 1)) AS key) f
+           AND t.concurrency_key IS NOT NULL ORDER BY t.concurrency_key LIMIT 1)) AS key OFFSET 0) f
     WHERE f.key IS NOT NULL AND (SELECT fair AND n > 0 FROM allowance)
     UNION ALL
     SELECT nxt.key, k.first, k.turn + 1 FROM keys k CROSS JOIN LATERAL (SELECT COALESCE(
         (SELECT t.concurrency_key FROM tasks t WHERE t.status = 'PENDING' AND t.queue = %(queue)s
            AND t.concurrency_key > k.key ORDER BY t.concurrency_key LIMIT 1),
         (SELECT t.concurrency_key FROM tasks t WHERE t.status = 'PENDING' AND t.queue = %(queue)s
-           AND t.concurrency_key IS NOT NULL ORDER BY t.concurrency_key LIMIT 1)) AS key) nxt
+           AND t.concurrency_key IS NOT NULL ORDER BY t.concurrency_key LIMIT 1)) AS key OFFSET 0) nxt
     WHERE k.turn < (SELECT n + 16 FROM allowance) AND nxt.key <> k.first
 ), key_rooms AS MATERIALIZED (
     SELECT k.key, k.turn, (SELECT per_key FROM rooms) - (SELECT count(*)::int FROM (

@@ -234,6 +234,19 @@ def test_a_fair_claim_reads_a_few_tasks_per_key_not_the_big_key_s_backlog(one_bi
     assert claimed.filter(concurrency_key="big").count() == 2
 
 
+@pytest.mark.parametrize("generic", [False, True], ids=["custom plan", "generic plan"])
+def test_the_fair_claim_finds_each_key_with_one_probe(one_big_key, generic):
+    """The walk of the keys reads each next key once: a key computed in a subquery and named twice
+    (kept, and compared with the first) was once computed twice, a probe more per key visited."""
+    plan = _limited_plan("keys", 20, generic=generic)
+    walk = [n for n in _task_reads(plan)
+            if n["Node Type"] == "Index Only Scan" and n["Index Name"] == "tasks_key_pending_idx"]
+    # Ten keys: the first (a probe past the turn's cursor, and one from the start when that finds
+    # none), one probe from each key to the next, and the wrap from the start after the last:
+    # 13 (26 with the key computed twice).
+    assert sum(n["Actual Loops"] for n in walk) <= 10 + 3, outline(plan)
+
+
 @pytest.mark.parametrize("session", [sql.CLAIM_SESSION, sql.WRITER_SESSION], ids=["claim", "writer"])
 def test_a_statement_that_must_scan_is_not_compiled_on_the_dispatchers_sessions(session):
     """With sequential scans off, a scan the planner cannot avoid is costed at 10^10, past every
