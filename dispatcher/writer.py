@@ -172,7 +172,9 @@ class Writer:
         transaction. An item PostgreSQL refuses is dropped; a refused result fails its task
         with a plain message instead, so the run is closed either way; a refused start counts
         as one that lost its race: its worker is told to stop the task."""
-        buckets = {"_starts": self._starts, "_results": self._results, "_logs": self._logs, "_acks": self._acks}
+        # Every start is due here (none waits a pass for its result): each is written on its own.
+        buckets = {"_starts": [(entry, worker_id, 0) for entry, worker_id, _ in self._starts],
+                   "_results": self._results, "_logs": self._logs, "_acks": self._acks}
         self._starts, self._results, self._logs, self._acks = [], [], [], []
         waiting: dict[str, list[Any]] = {name: [] for name in buckets}
         try:
