@@ -76,6 +76,27 @@ def test_a_row_postgresql_refuses_does_not_hold_back_the_others():
     assert refused.status == "FAILED" and "could not be stored" in refused.error_message
 
 
+def test_a_start_that_came_in_during_a_refused_pass_is_written_when_its_items_are_retried_one_by_one():
+    """A start waits a pass for its result only in a normal pass. Once PostgreSQL refused a pass and
+    its items are written one at a time, a start that came in during that pass is written then, not
+    left for the normal pass after."""
+    bad = TaskRunFactory(worker_id="w")
+    task = TaskFactory(status="DISPATCHING", claimed_by="test-node")
+
+    async def scenario() -> list:
+        async with _own_writer() as writer:
+            writer.result(Result(str(bad.id), "w", True, False, "{not json", None))
+            with pytest.raises(psycopg.Error):
+                await writer.flush_once()  # the refused pass
+            writer.start(InFlight(task_id=str(task.id), run_id=str(uuid.uuid4()), queue=task.queue, attempt=1), "w")
+            await writer._isolate()
+            return writer._starts
+
+    assert asyncio.run(scenario()) == []
+    assert Task.objects.get(id=task.id).status == "RUNNING"
+    assert Task.objects.get(id=bad.task_id).status == "FAILED"
+
+
 @pytest.mark.parametrize("path", ["reaped while the dispatcher stalled", "claim lost, claimed elsewhere",
                                   "start refused"])
 def test_an_assignment_whose_start_is_not_written_is_cancelled_and_its_result_ignored(path):
