@@ -111,6 +111,12 @@ def rows(results: dict[str, Any]) -> list[Row]:
         *((f"  CPU per task: all, {label}", "µs CPU", "", _get(v, "controls", side, "cpu_us_per_task", "total"),
            none, False)
           for side, label in (("unlimited", "unlimited"), ("max_running", "max_running"), ("keys", "100 keys"))),
+        # One claim of a queue with max_running, as its running tasks grow (bench/limited_claim.py).
+        ("limited claim of 64, none running", "ms", "", _get(v, "controls", "claim_cost", "none_running_ms"),
+         none, False),
+        (f"limited claim of 64, {_get(v, 'controls', 'claim_cost', 'running') or 10_000:,} running", "ms", "",
+         _get(v, "controls", "claim_cost", "running_ms"), none, False),
+        ("  ÷ none running", "ratio", "", _get(v, "controls", "claim_cost", "ratio"), none, False),
         ("idle-worker latency p50, from enqueue's return", "ms", "≤ Celery", _get(v, "latency", "p50_ms"),
          peer("latency", "p50_ms"), False),
         ("idle-worker latency p99, from enqueue's return", "ms", "≤ Celery", _get(v, "latency", "p99_ms"),

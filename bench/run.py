@@ -69,7 +69,7 @@ def setup_django(database_url: str) -> None:
 
 
 def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
-    from bench import django_tasks, drain, enqueue, floor, grpc_floor, memory, scale, schedules, tracing
+    from bench import django_tasks, drain, enqueue, floor, grpc_floor, limited_claim, memory, scale, schedules, tracing
     from tasks.api.auth import api_key_create
 
     skip = set(filter(None, opts.skip.split(",")))
@@ -131,6 +131,7 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
         out["controls"] = drain.controlled(url, n=opts.n, rounds=opts.rounds, slots=opts.workers * opts.concurrency,
                                            processes={"dispatcher": [dispatcher.pid],
                                                       "worker": [w.pid for w in workers]})
+        out["controls"]["claim_cost"] = limited_claim.measure(url)
     if "django" not in skip:
         worker = stack.django_worker(addr, web or "http://127.0.0.1:8989", concurrency=opts.django_concurrency,
                                      queue=django_tasks.DRAIN_QUEUE)

@@ -5,7 +5,7 @@ import contextlib
 import psycopg
 import pytest
 
-from bench import drain, measure, report
+from bench import drain, limited_claim, measure, report
 from bench.stack import BenchStack
 from tasks.models import Task
 from tests.helpers import database_url
@@ -72,6 +72,13 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         assert f"|   ÷ the unlimited drain beside it | ratio | ≥ 0.90 | {controlled['max_running']['ratio']:.2f} |" \
             in shown
         assert "|   CPU per task: all, max_running | µs CPU |" in shown
+        # A limited claim's cost with none and with some of its queue's tasks running; nothing left behind.
+        cost = limited_claim.measure(database_url(), running=200)
+        assert cost["running"] == 200 and cost["none_running_ms"] > 0 and cost["running_ms"] > 0
+        assert cost["ratio"] == cost["running_ms"] / cost["none_running_ms"]
+        assert not Task.objects.filter(queue=limited_claim.QUEUE).exists()
+        assert f"| limited claim of 64, 200 running | ms |  | {cost['running_ms']:.1f} |" \
+            in report.table({"valka": {"controls": {"claim_cost": cost}}})
         assert Task.objects.filter(queue=drain.KEYED_QUEUE).values("concurrency_key").distinct().count() == 30
         with floor_table():  # with the floors in turns with the enqueues
             waited = drain.latency(database_url(), count=5, rate=50, hop_log=hop_log, floor_url=database_url())
