@@ -52,12 +52,17 @@ class QueueControls:
     async def read(self, conn: AsyncConnection) -> None:
         now = self.clock()
         rows = await (await conn.execute(sql.QUEUE_CONTROLS)).fetchall()
-        self._by_queue = {
+        self.known({
             name: Control(paused=paused, resumes_at=now + resumes_in if paused and resumes_in is not None else None,
                           limited=limited, rated=rated)
             for name, paused, resumes_in, limited, rated in rows
-        }
-        self._read_at = now
+        }, at=now)
+
+    def known(self, by_queue: dict[str, Control], *, at: float | None = None) -> None:
+        """The queues with controls, as read `at` (now by default); every other queue has none.
+        `read` tells it what the rows say; a test can tell it what it needs."""
+        self._by_queue = dict(by_queue)
+        self._read_at = self.clock() if at is None else at
 
     def mode(self, queue: str) -> str:
         control = self._by_queue.get(queue)

@@ -112,7 +112,7 @@ def test_a_claim_for_freed_slots_waits_until_enough_are_free(gather, limited, en
     async def scenario() -> tuple[float, float]:
         claimer, slots = _gathering_claimer(16)
         if limited:  # a queue with controls: its claim's cost is mostly the same whatever its size
-            claimer.controls._by_queue = {"q": Control(paused=False, resumes_at=None, limited=True, rated=False)}
+            claimer.controls.known({"q": Control(paused=False, resumes_at=None, limited=True, rated=False)})
         loop = asyncio.get_running_loop()
 
         async def results() -> float:

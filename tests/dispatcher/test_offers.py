@@ -187,7 +187,7 @@ def test_the_dispatcher_sends_a_task_handed_to_it_or_puts_it_back(case):
         claimer = _claimer(slots)
         claimer.unsend = put_back.extend
         claimer.controls = QueueControls(max_age=60)
-        claimer.controls._read_at = claimer.controls.clock()  # read: no queue has controls
+        claimer.controls.known({})  # read: no queue has controls
         if case == "no free slot":
             slots.taken = 1
         elif case == "stopped":
@@ -195,7 +195,7 @@ def test_the_dispatcher_sends_a_task_handed_to_it_or_puts_it_back(case):
         elif case == "controls unknown":
             claimer.controls.forget()
         elif case == "paused":
-            claimer.controls._by_queue = {"q": _paused()}
+            claimer.controls.known({"q": _paused()})
         return _handed(claimer), slots.sent
 
     task_id, sent = asyncio.run(scenario())
@@ -215,12 +215,12 @@ def test_a_dispatcher_offers_the_free_slots_of_its_drained_queues_without_contro
         claimer = _claimer(slots)
         claimer.controls = QueueControls(max_age=60)
         assert claimer._offerable() == {}  # the controls were never read
-        claimer.controls._read_at = claimer.controls.clock()
+        claimer.controls.known({})
         assert claimer._offerable() == {}  # no claim came back short yet: there may be a backlog
         claimer._drained = {"q", "floor"}
         assert claimer._offerable() == {"q": OFFER_MAX, "floor": OFFER_MAX}
         slots.taken = OFFER_MAX + 1
-        claimer.controls._by_queue = {"floor": _paused()}
+        claimer.controls.known({"floor": _paused()})
         assert claimer._offerable() == {"q": 3}
 
     asyncio.run(scenario())
