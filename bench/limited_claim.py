@@ -39,7 +39,10 @@ def _claims(url: str, running: int) -> float:
     with psycopg.connect(url, autocommit=True) as admin, psycopg.connect(url, autocommit=True) as conn:
         admin.execute("DELETE FROM tasks WHERE queue = %s", (QUEUE,))
         admin.execute(INSERT, {"queue": QUEUE, "running": running, "pending": PENDING})
-        admin.execute("UPDATE queues SET max_running = %s WHERE name = %s", (running + PENDING, QUEUE))
+        # The INSERT's trigger made the queue's row (tasks/sql/schema/queues.sql).
+        limited = admin.execute("UPDATE queues SET max_running = %s WHERE name = %s", (running + PENDING, QUEUE))
+        if limited.rowcount != 1:
+            raise RuntimeError(f"queue {QUEUE} has no row to limit")
         admin.execute("VACUUM ANALYZE tasks")
         conn.execute(sql.CLAIM_SESSION)
         params = {"queue": QUEUE, "limit": CLAIM_SIZE, "node_id": "bench-claim-cost"}
@@ -59,8 +62,6 @@ def _claims(url: str, running: int) -> float:
 
 
 def measure(url: str, *, running: int = 10_000) -> dict[str, Any]:
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("SELECT valka_queues_ensure(ARRAY[%s])", (QUEUE,))
     none, many = _claims(url, 0), _claims(url, running)
     return {"claim_size": CLAIM_SIZE, "running": running, "none_running_ms": none, "running_ms": many,
             "ratio": many / none}
