@@ -7,9 +7,11 @@ so the later workloads start from the same table.
 from __future__ import annotations
 
 import asyncio
+import json
 import statistics
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import httpx
@@ -98,34 +100,22 @@ def rest_single_in_turns(url: str, api_key: str, count: int, *, floor_url: str, 
 
 def rest_single(url: str, api_key: str, count: int, clients: int = 8, *, path: str = "/api/v1/tasks",
                 label: str = "enqueue REST") -> dict[str, Any]:
-    """POST `path` (the REST create) from `clients` concurrent keep-alive connections.
+    """POST `path` (the REST create) from `clients` concurrent keep-alive connections, each
+    sending its next request when its answer is in (bench/http_load.py: the client costs the two
+    shared cores as little as a client can)."""
+    from bench import http_load
 
-    The client is aiohttp: with httpx the benchmark's own client took more CPU per request
-    than the web app it measures, on the same two cores."""
-    import aiohttp
+    headers = {"Accept": "application/json"} | ({"Authorization": f"Bearer {api_key}"} if api_key else {})
+    per_client = count // clients
 
-    async def main() -> float:
-        connector = aiohttp.TCPConnector(limit=clients)
-        async with aiohttp.ClientSession(url, connector=connector,
-                                         headers={"Authorization": f"Bearer {api_key}"}) as http:
-            per_client = count // clients
-            with bar(per_client * clients, f"{label} x{clients}") as progress:
-                async def client() -> None:
-                    for i in range(per_client):
-                        async with http.post(path, json={"task_name": "noop", "queue": ENQUEUE_QUEUE,
-                                                         "input": {"i": i}}) as r:
-                            r.raise_for_status()
-                            await r.read()
-                        progress.update(1)
+    def requests(client: int) -> Iterator[bytes]:
+        for i in range(per_client):
+            body = json.dumps({"task_name": "noop", "queue": ENQUEUE_QUEUE, "input": {"i": client * per_client + i}})
+            yield http_load.post_request(url, path, body.encode(), headers)
 
-                async with http.get("/healthz") as r:
-                    r.raise_for_status()
-                start = time.perf_counter()
-                await asyncio.gather(*(client() for _ in range(clients)))
-                return time.perf_counter() - start
-
-    seconds = asyncio.run(main())
-    return _result(count // clients * clients, seconds, clients=clients)
+    with bar(per_client * clients, f"{label} x{clients}") as progress:
+        seconds = http_load.run(url, requests, connections=clients, answered=lambda: progress.update(1))
+    return _result(per_client * clients, seconds, clients=clients)
 
 
 def rest_batch(url: str, api_key: str, batches: int, size: int = 1000) -> dict[str, Any]:

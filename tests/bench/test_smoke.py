@@ -198,7 +198,7 @@ def test_the_tasks_table_insert_floor_writes_its_rows_and_removes_them():
 @pytest.mark.django_db(transaction=True)
 @pytest.mark.timeout(90)
 def test_djangos_task_api_workloads(tmp_path, quiet, monkeypatch):
-    from bench import django_tasks, enqueue, floor
+    from bench import django_tasks, enqueue, floor, http_load
     from tasks.api.auth import api_key_create
 
     monkeypatch.setattr(floor, "CONCURRENT_SECONDS", 0.3)
@@ -218,6 +218,10 @@ def test_djangos_task_api_workloads(tmp_path, quiet, monkeypatch):
         assert web_rows == 32  # the web floor stored every request's body
         assert Task.objects.filter(queue=enqueue.ENQUEUE_QUEUE).count() == 32
         enqueue.cleanup(database_url())
+        # The load's client reads every answer: a refused request stops it, named.
+        with pytest.raises(http_load.LoadError, match="answered 401"):
+            enqueue.rest_single(web, "not-a-key", 4, clients=2)
+        assert not Task.objects.filter(queue=enqueue.ENQUEUE_QUEUE).exists()
         created = enqueue.grpc_single(addr, key, 16, clients=2)  # ApiService/CreateTask, with the key
         assert created["count"] == 16 and Task.objects.filter(queue=enqueue.ENQUEUE_QUEUE).count() == 16
         enqueue.cleanup(database_url())
