@@ -228,9 +228,12 @@ def _insert_rows(specs: list[TaskSpec], links: Mapping[str, Any]) -> list[Task |
     ]
 
 
-def _insert_one(spec: TaskSpec, links: Mapping[str, Any]) -> Task | None:
-    """INSERT_TASK: the new task, or None when its key was taken."""
-    params = {
+def insert_one_params(spec: TaskSpec, links: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """INSERT_TASK's parameters for `spec` (its id made here when it has none). Apart from the
+    statement's run so that a caller holding an async connection (tasks.api.direct's create on the
+    event loop) runs the same statement with the same values; `task_inserted` reads its answer."""
+    links = links or {}
+    return {
         "id": spec.id or uuid7(), "task_name": spec.task_name, "queue": spec.queue, "priority": spec.priority,
         "max_retries": spec.max_retries, "timeout_seconds": spec.timeout_seconds,
         "idempotency_key": spec.idempotency_key, "input": spec.input_text(), "metadata": spec.metadata_text(),
@@ -238,9 +241,20 @@ def _insert_one(spec: TaskSpec, links: Mapping[str, Any]) -> Task | None:
         "replayed_from_dead_letter_id": links.get("replayed_from_dead_letter_id"),
         "concurrency_key": spec.concurrency_key,
     }
+
+
+def _insert_one(spec: TaskSpec, links: Mapping[str, Any]) -> Task | None:
+    """INSERT_TASK: the new task, or None when its key was taken."""
+    params = insert_one_params(spec, links)
     row = fetchone_prepared(producer.INSERT_TASK, params)
-    if row is None:
-        return None
+    return None if row is None else task_inserted(params, spec, row, links)
+
+
+def task_inserted(params: Mapping[str, Any], spec: TaskSpec, row: Sequence[Any],
+                  links: Mapping[str, Any] | None = None) -> Task:
+    """The task INSERT_TASK made of `params` (`insert_one_params`), from its answer `row`: built, not
+    read back (see `_insert_rows`)."""
+    links = links or {}
     run_at, created_at, status, claimed_by, _notified = row
     task = _new_task(params["id"], spec, run_at, _task_base(created_at, links), _init_heard())
     task.status, task.claimed_by = status, claimed_by  # DISPATCHING when handed over in the INSERT

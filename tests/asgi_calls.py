@@ -50,19 +50,58 @@ class Request:
 def call(request: Request, path: str = URL, *, method: str = "POST", headers: dict[str, str] | None = None,
          announce: bool = True, app: Any = None, query: bytes = b"") -> Request:
     """Run one request through the app. `announce`: a Content-Length, else a chunked body."""
+    asyncio.run((app or asgi.application)(_scope(request, path, method=method, headers=headers, announce=announce,
+                                                 query=query), request.receive, request.send))
+    return request
+
+
+def _scope(request: Request, path: str = URL, *, method: str = "POST", headers: dict[str, str] | None = None,
+           announce: bool = True, query: bytes = b"") -> dict[str, Any]:
     sent = [(b"host", b"testserver"), (b"content-type", b"application/json")]
     if request.size:
         sent.append((b"content-length", str(request.size).encode()) if announce
                     else (b"transfer-encoding", b"chunked"))
     given = {name.lower().encode(): value.encode() for name, value in (headers or {}).items()}
     sent = [(name, value) for name, value in sent if name not in given] + list(given.items())
-    scope = {
+    return {
         "type": "http", "asgi": {"version": "3.0", "spec_version": "2.3"}, "http_version": "1.1",
         "method": method, "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": query,
         "root_path": "", "headers": sent, "client": ("127.0.0.1", 40000), "server": ("testserver", 80),
     }
-    asyncio.run((app or asgi.application)(scope, request.receive, request.send))
-    return request
+
+
+def served(*calls: tuple[Request, dict[str, Any]], app: Any = None) -> None:
+    """Run requests through the app as a server runs it, one after the other on one event loop:
+    its lifespan started first (it remembers API keys once it listens for their changes, and opens
+    the connections REST creates use on the event loop), then ended. Each item is a request and
+    `call`'s keyword arguments for it."""
+    from tasks.api.live_keys import LIVE_KEYS
+
+    app = app or asgi.application
+
+    async def main() -> None:
+        inbox: asyncio.Queue[dict[str, Any]] = asyncio.Queue()
+        started = asyncio.Event()
+
+        async def send(message: dict[str, Any]) -> None:
+            if message["type"] == "lifespan.startup.complete":
+                started.set()
+
+        inbox.put_nowait({"type": "lifespan.startup"})
+        lifespan = asyncio.create_task(app({"type": "lifespan"}, inbox.get, send))
+        await asyncio.wait_for(started.wait(), 10)
+        for _ in range(1000):  # keys are remembered only while their changes are heard
+            if LIVE_KEYS.listening:
+                break
+            await asyncio.sleep(0.01)
+        try:
+            for request, kwargs in calls:
+                await app(_scope(request, **kwargs), request.receive, request.send)
+        finally:
+            inbox.put_nowait({"type": "lifespan.shutdown"})
+            await asyncio.wait_for(lifespan, 10)
+
+    asyncio.run(main())
 
 
 def assert_api_error(request: Request, status: int, code: str) -> dict[str, Any]:

@@ -94,6 +94,7 @@ class Application:
         self.asgi = _django_asgi
         self.wsgi = WSGIHandler()
         self.executor = ThreadPoolExecutor(max_workers=threads, thread_name_prefix="valka-web")
+        self.creates = direct.LoopPool()  # opened with the server: creates on the event loop
 
     async def __call__(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
         if scope["type"] == "http":
@@ -105,13 +106,16 @@ class Application:
 
     async def lifespan(self, receive: Receive, send: Send) -> None:
         """The server's start and stop (Django's handler takes no lifespan): while it serves, the
-        process remembers the live API keys it finds (tasks.api.live_keys)."""
+        process remembers the live API keys it finds (tasks.api.live_keys), and keeps the
+        connections that REST creates use on the event loop (tasks.api.direct `LoopPool`)."""
         while True:
             message = await receive()
             if message["type"] == "lifespan.startup":
                 LIVE_KEYS.start(functools.partial(conninfo, application_name="valka-web api keys", direct=True))
+                await self.creates.open()
                 await send({"type": "lifespan.startup.complete"})
             elif message["type"] == "lifespan.shutdown":
+                await self.creates.close()
                 await asyncio.get_running_loop().run_in_executor(None, LIVE_KEYS.stop)
                 await send({"type": "lifespan.shutdown.complete"})
                 return
@@ -158,9 +162,10 @@ class Application:
             _close(body)
 
     async def direct_create(self, scope: dict[str, Any], receive: Receive, send: Send) -> None:
-        """A REST create with an API key and a small body (`_direct`): the body read, then the key's
-        look-up and the create in one web thread (tasks.api.direct). What that path hands back
-        goes to the whole stack, with the live key it found."""
+        """A REST create with an API key and a small body (`_direct`): the body read, then the create
+        on the event loop when its key is remembered (tasks.api.direct `create_on_loop`), else the
+        key's look-up and the create in one web thread. What that path hands back goes to the
+        whole stack, with the live key it found."""
         try:
             read = await _read_body(receive, _content_length(scope))
         except _BodyTooLarge:  # more than announced: the server's framing allows no such thing
@@ -171,7 +176,10 @@ class Application:
             return  # the client went away
         body, size = read
         try:
-            outcome = await self._in_thread(direct.create, _environ(scope, body, size))
+            environ = _environ(scope, body, size)
+            outcome = await direct.create_on_loop(environ, self.creates) if self.creates.ready else None
+            if outcome is None:
+                outcome = await self._in_thread(direct.create, environ)
             if outcome.answer is not None:
                 status, headers, content = outcome.answer
                 await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -101,13 +101,33 @@ def api_key_of(authorization: str) -> ApiKey | None:
     return None if key is None else api_key_live(key)
 
 
+def api_key_remembered(authorization: str) -> ApiKey | None:
+    """The live key an `Authorization` value names if this process remembers it (tasks.api.live_keys),
+    else None, without a look-up: for the REST create on the event loop, which must not wait on
+    the database."""
+    key = bearer_key(authorization)
+    return None if key is None else LIVE_KEYS.remembered(hash_key(key))
+
+
+USE_NOTED_EVERY = 60  # seconds: how often a key's last_used_at is written
+
+
 def note_use(record: ApiKey) -> None:
     """Set the key's `last_used_at`, at most once a minute: a write on every request would cost
     each call a row lock on the key and an update."""
     now = timezone.now()
-    if record.last_used_at is None or (now - record.last_used_at).total_seconds() > 60:
+    if use_due(record, now):
         ApiKey.objects.filter(pk=record.pk).update(last_used_at=now)
         record.last_used_at = now  # a remembered key (tasks.api.live_keys) is not written again at once
+
+
+def use_due(record: ApiKey, now: Any = None) -> bool:
+    """Whether `note_use` would write the key's use now (with a margin of a second when `now` is not
+    given, for a caller that notes it a moment later)."""
+    if record.last_used_at is None:
+        return True
+    margin = 1 if now is None else 0
+    return ((now or timezone.now()) - record.last_used_at).total_seconds() > USE_NOTED_EVERY - margin
 
 
 def open_to_anonymous(sent_key: bool) -> bool:

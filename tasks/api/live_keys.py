@@ -61,12 +61,20 @@ class LiveKeys:
     def listening(self) -> bool:
         return self._listening
 
-    def get(self, key_hash: str, load: Callable[[str], ApiKey | None]) -> ApiKey | None:
-        """The live key with this hash: remembered, or `load(key_hash)` (None when there is none)."""
+    def remembered(self, key_hash: str) -> ApiKey | None:
+        """The live key with this hash if this process remembers it, else None: no look-up, for a
+        caller that must not wait on the database (the REST create on the event loop)."""
         if self._listening:
             entry = self._keys.get(key_hash)
             if entry is not None and time.monotonic() - entry[1] < self.max_age:
                 return entry[0]
+        return None
+
+    def get(self, key_hash: str, load: Callable[[str], ApiKey | None]) -> ApiKey | None:
+        """The live key with this hash: remembered, or `load(key_hash)` (None when there is none)."""
+        record = self.remembered(key_hash)
+        if record is not None:
+            return record
         generation, began = self._generation, time.monotonic()
         record = load(key_hash)
         if record is not None:

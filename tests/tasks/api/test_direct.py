@@ -16,10 +16,10 @@ from rest_framework.authentication import SessionAuthentication
 from rest_framework.throttling import AnonRateThrottle
 from rest_framework.versioning import URLPathVersioning
 
-from tasks.api import direct
+from tasks.api import auth, direct
 from tasks.api.auth import ApiKeyAuthentication, api_key_create
 from tasks.models import ApiKey, Task
-from tests.asgi_calls import Request, assert_api_error, bearer, call
+from tests.asgi_calls import Request, assert_api_error, bearer, call, served
 from valka import asgi
 from valka_sdk.tracing import TRACEPARENT
 
@@ -36,11 +36,12 @@ def key() -> str:
 
 @pytest.fixture
 def paths() -> list[str]:
-    """Which path answered each request: "direct", or "stack" (Django's WSGI handler)."""
+    """Which path answered each request: "direct" (in a web thread), "loop" (on the event loop), or
+    "stack" (Django's WSGI handler)."""
     taken: list[str] = []
 
     def started(sender: Any, **kwargs: Any) -> None:
-        taken.append("direct" if sender is direct.create else "stack")
+        taken.append({direct.create: "direct", direct.create_on_loop: "loop"}.get(sender, "stack"))
 
     signals.request_started.connect(started, weak=False)
     yield taken
@@ -185,3 +186,75 @@ def test_middleware_it_does_not_stand_in_for_turns_it_off():
 def test_view_classes_it_does_not_stand_in_for_turn_it_off(monkeypatch, attribute, value):
     monkeypatch.setattr(direct.TaskViewSet, attribute, value)
     assert direct._enabled() == (False, [])
+
+
+# -- On the event loop: the app served, with its lifespan, creates with a remembered key. --
+
+def create(body: dict | bytes, headers: dict[str, str]) -> tuple[Request, dict[str, Any]]:
+    raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+    return Request(body=raw), {"headers": headers}
+
+
+def stack_answer(monkeypatch, body: dict | bytes, headers: dict[str, str]) -> Request:
+    """The same request with the direct path off."""
+    with monkeypatch.context() as patched:
+        patched.setattr(direct, "ENABLED", False)
+        return call(create(body, headers)[0], headers=headers)
+
+
+def test_a_remembered_keys_create_is_made_on_the_event_loop_as_the_stack_makes_it(monkeypatch, key, paths):
+    body = {"task_name": "t", "queue": "q", "input": {"n": 1}, "metadata": {"m": "x"}, "priority": 3}
+    first, second = create(body, bearer(key)), create(body, bearer(key))
+    served(first, second)
+    assert paths == ["direct", "loop"], "the first looks its key up in a thread; the second's is remembered"
+    off = stack_answer(monkeypatch, body, bearer(key))
+    for on in (first[0], second[0]):
+        assert on.status == 201
+        same_answer(on, off, ignore=("id", "task_id", *TIMES))
+    task = Task.objects.get(id=second[0].json()["id"])
+    assert (task.task_name, task.queue, task.input, task.metadata, task.priority) == ("t", "q", {"n": 1}, {"m": "x"}, 3)
+    assert second[0].json()["created_at"] == task.created_at.isoformat().replace("+00:00", "Z")
+
+
+def test_on_the_event_loop_a_traceparent_is_carried(key, paths):
+    traced = {**bearer(key), "traceparent": CALLER}
+    body = {"task_name": "t", "queue": "q"}
+    first, second = create(body, bearer(key)), create(body, traced)
+    served(first, second)
+    assert paths == ["direct", "loop"] and second[0].status == 201
+    assert Task.objects.get(id=second[0].json()["id"]).metadata == {TRACEPARENT: CALLER}
+
+
+def test_on_the_event_loop_a_held_idempotency_key_is_answered_by_the_stack(key, paths):
+    body = {"task_name": "t", "queue": "q", "idempotency_key": "once"}
+    first, second = create(body, bearer(key)), create(body, bearer(key))
+    served(first, second)
+    assert paths == ["direct", "loop", "stack"], "the INSERT wrote nothing: handed over with the key found"
+    assert (first[0].status, second[0].status) == (201, 200)
+    assert second[0].json()["id"] == first[0].json()["id"] and Task.objects.count() == 1
+
+
+def test_on_the_event_loop_a_failure_after_the_insert_gets_djangos_500_and_no_second_insert(monkeypatch, key,
+                                                                                             paths):
+    given = str(uuid.uuid4())
+    first = create({"task_name": "t", "queue": "q"}, bearer(key))
+    second = create({"id": given, "task_name": "t", "queue": "q"}, bearer(key))
+    answers = iter([None])
+
+    def broken_once(task: Task) -> dict:
+        if next(answers, "made") is None:
+            return real(task)
+        raise RuntimeError("the answer could not be made")
+
+    real = direct.task_data
+    monkeypatch.setattr(direct, "task_data", broken_once)
+    served(first, second)
+    assert paths == ["direct", "loop"] and (first[0].status, second[0].status) == (201, 500)
+    assert Task.objects.filter(id=given).count() == 1 and Task.objects.count() == 2
+
+
+def test_a_key_whose_use_is_due_to_be_noted_takes_a_web_thread(monkeypatch, key, paths):
+    monkeypatch.setattr(auth, "USE_NOTED_EVERY", 0)  # every create is due to note its key's use: a write
+    served(create({"task_name": "t", "queue": "q"}, bearer(key)), create({"task_name": "t", "queue": "q"}, bearer(key)))
+    assert paths == ["direct", "direct"]
+    assert ApiKey.objects.get().last_used_at is not None and Task.objects.count() == 2
