@@ -121,12 +121,11 @@ def note_use(record: ApiKey) -> None:
         record.last_used_at = now  # a remembered key (tasks.api.live_keys) is not written again at once
 
 
-def use_due(record: ApiKey, now: Any = None) -> bool:
-    """Whether `note_use` would write the key's use now (with a margin of a second when `now` is not
-    given, for a caller that notes it a moment later)."""
+def use_due(record: ApiKey, now: Any = None, *, margin: float = 0.0) -> bool:
+    """Whether `note_use` would write the key's use at `now` (the present by default), or within
+    `margin` seconds of it: a caller that notes it a moment later asks with a margin."""
     if record.last_used_at is None:
         return True
-    margin = 1 if now is None else 0
     return ((now or timezone.now()) - record.last_used_at).total_seconds() > USE_NOTED_EVERY - margin
 
 
