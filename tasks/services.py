@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 from django.db import DEFAULT_DB_ALIAS, connection, transaction
@@ -228,11 +228,25 @@ def _insert_rows(specs: list[TaskSpec], links: Mapping[str, Any]) -> list[Task |
     ]
 
 
-def insert_one_params(spec: TaskSpec, links: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """INSERT_TASK's parameters for `spec` (its id made here when it has none). Apart from the
-    statement's run so that a caller holding an async connection (tasks.api.direct's create on the
-    event loop) runs the same statement with the same values; `task_inserted` reads its answer."""
-    links = links or {}
+async def task_create_awaited(spec: TaskSpec,
+                              fetchone: Callable[[str, Mapping[str, Any]], Awaitable[Sequence[Any] | None]],
+                              ) -> Task | None:
+    """`task_create` of a spec with neither id nor key held, its one INSERT run by `fetchone` (an
+    async connection's: tasks.api.direct's create on the event loop) and awaited, in the same
+    enqueue span. None when its id or idempotency key is held: nothing was written, and
+    `task_create` finds the holder."""
+    with tracing.enqueue([spec]) as span:
+        params = _insert_params(spec, {})
+        row = await fetchone(producer.INSERT_TASK, params)
+        if row is None:
+            return None
+        task = _task_inserted(params, spec, row, {})
+        tracing.created(span, [(task, True)])
+        return task
+
+
+def _insert_params(spec: TaskSpec, links: Mapping[str, Any]) -> dict[str, Any]:
+    """INSERT_TASK's parameters for `spec` (its id made here when it has none)."""
     return {
         "id": spec.id or uuid7(), "task_name": spec.task_name, "queue": spec.queue, "priority": spec.priority,
         "max_retries": spec.max_retries, "timeout_seconds": spec.timeout_seconds,
@@ -245,16 +259,14 @@ def insert_one_params(spec: TaskSpec, links: Mapping[str, Any] | None = None) ->
 
 def _insert_one(spec: TaskSpec, links: Mapping[str, Any]) -> Task | None:
     """INSERT_TASK: the new task, or None when its key was taken."""
-    params = insert_one_params(spec, links)
+    params = _insert_params(spec, links)
     row = fetchone_prepared(producer.INSERT_TASK, params)
-    return None if row is None else task_inserted(params, spec, row, links)
+    return None if row is None else _task_inserted(params, spec, row, links)
 
 
-def task_inserted(params: Mapping[str, Any], spec: TaskSpec, row: Sequence[Any],
-                  links: Mapping[str, Any] | None = None) -> Task:
-    """The task INSERT_TASK made of `params` (`insert_one_params`), from its answer `row`: built, not
-    read back (see `_insert_rows`)."""
-    links = links or {}
+def _task_inserted(params: Mapping[str, Any], spec: TaskSpec, row: Sequence[Any], links: Mapping[str, Any]) -> Task:
+    """The task INSERT_TASK made of `params`, from its answer `row`: built, not read back (see
+    `_insert_rows`)."""
     run_at, created_at, status, claimed_by, _notified = row
     task = _new_task(params["id"], spec, run_at, _task_base(created_at, links), _init_heard())
     task.status, task.claimed_by = status, claimed_by  # DISPATCHING when handed over in the INSERT

@@ -50,7 +50,6 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from tasks import services
-from tasks import tracing as task_tracing
 from tasks.api import auth
 from tasks.api.negotiation import JSON, PLAIN_ACCEPTS, ValkaContentNegotiation
 from tasks.api.parsers import ValkaJSONParser
@@ -60,7 +59,6 @@ from tasks.api.views import TaskViewSet
 from tasks.errors import ValkaError
 from tasks.models import ApiKey
 from tasks.specs import TaskSpec, parse_json_text, parse_task_spec
-from tasks.sql import producer
 from valka.conf import valka_settings
 from valka.db import conninfo, prepared_statements
 from valka.tracing import request_attached
@@ -257,15 +255,11 @@ async def create_on_loop(environ: dict[str, Any], pool: LoopPool) -> Outcome | N
             if spec is None:
                 return Outcome(key=key)
             try:
-                with task_tracing.enqueue([spec]) as span:
-                    params = services.insert_one_params(spec)
-                    row = await pool.fetchone(producer.INSERT_TASK, params)
-                    if row is None:
-                        return Outcome(key=key)  # its id or key is held: the stack answers with the holder
-                    task = services.task_inserted(params, spec, row)
-                    task_tracing.created(span, [(task, True)])
+                task = await services.task_create_awaited(spec, pool.fetchone)
             except Exception as exc:  # noqa: BLE001 - answered as Django answers it
                 return _answered(request, key, response_for_exception(request, exc))
+            if task is None:
+                return Outcome(key=key)  # its id or key is held: the stack answers with the holder
             return _answer(request, key, task, True)
     finally:
         signals.request_finished.send(sender=create_on_loop)

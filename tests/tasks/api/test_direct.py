@@ -239,15 +239,14 @@ def test_on_the_event_loop_a_failure_after_the_insert_gets_djangos_500_and_no_se
     given = str(uuid.uuid4())
     first = create({"task_name": "t", "queue": "q"}, bearer(key))
     second = create({"id": given, "task_name": "t", "queue": "q"}, bearer(key))
-    answers = iter([None])
-
-    def broken_once(task: Task) -> dict:
-        if next(answers, "made") is None:
-            return real(task)
-        raise RuntimeError("the answer could not be made")
-
     real = direct.task_data
-    monkeypatch.setattr(direct, "task_data", broken_once)
+
+    def broken_for_the_second(task: Task) -> dict:
+        if str(task.id) == given:
+            raise RuntimeError("the answer could not be made")
+        return real(task)
+
+    monkeypatch.setattr(direct, "task_data", broken_for_the_second)
     served(first, second)
     assert paths == ["direct", "loop"] and (first[0].status, second[0].status) == (201, 500)
     assert Task.objects.filter(id=given).count() == 1 and Task.objects.count() == 2
