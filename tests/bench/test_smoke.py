@@ -1,12 +1,15 @@
 """The benchmark harness works (tiny sizes, no timing asserted): `make bench` itself is not part of the suite."""
 
 import contextlib
+import signal
+import subprocess
+import sys
 
 import psycopg
 import pytest
 
 from bench import drain, limited_claim, measure, report
-from bench.stack import BenchStack
+from bench.stack import ROOT, BenchStack
 from tasks.models import Task
 from tests.helpers import database_url
 
@@ -331,3 +334,21 @@ def test_the_big_table_takes_turns_with_the_empty_one(tmp_path, quiet):
     assert "|   big ÷ empty (medians) | ratio | ≥ 0.90 |" in text
     assert "| latency p99, big table | ms | within 10% |" in text
     assert "| hop | empty table | big table |" in text
+
+
+def test_sigterm_ends_a_run_through_its_cleanups(tmp_path):
+    """`make bench` killed with SIGTERM stops its stack and its PostgreSQL on the way out, as after Ctrl-C."""
+    marker = tmp_path / "cleaned"
+    script = ("import sys, time\n"
+              "from bench.run import stop_on_sigterm\n"
+              "stop_on_sigterm()\n"
+              "try:\n"
+              "    print('ready', flush=True)\n"
+              "    time.sleep(60)\n"
+              "finally:\n"
+              f"    open({str(marker)!r}, 'w').write('stopped')\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
+    assert proc.stdout.readline() == "ready\n"
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=10) != 0
+    assert marker.read_text() == "stopped"
