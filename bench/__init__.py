@@ -8,5 +8,6 @@
 `bench.memory` are the workloads; `bench.report` prints the table and writes
 `bench/results/`. `bench.peers` runs the same workloads on the peers, inside
 their own virtualenv: it imports neither Django nor Valka, and neither may
-this package's `__init__`.
+this package's `__init__`. `bench.interrupt`, which both import, ends a run
+killed with SIGTERM through its cleanups, as Ctrl-C does.
 """

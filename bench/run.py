@@ -11,7 +11,6 @@ import json
 import os
 import platform
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -22,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from bench import report
+from bench.interrupt import run_to_end, stop_on_sigterm
 from bench.stack import ROOT, BenchStack, cluster, create_database, listening, wait_for
 
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
@@ -208,8 +208,8 @@ def run_peers(opts: argparse.Namespace, database_url: str, workdir: Path) -> dic
                                                                                        "procrastinate")]),
                             ("django-tasks-db", ["--django-tasks-db-url", create_database(database_url,
                                                                                            "django_tasks_db")])):
-            proc = subprocess.run([str(PEERS_PYTHON), "-m", "bench.peers.run", peer, *common, *extra], cwd=ROOT,
-                                  env=env, stdout=subprocess.PIPE, text=True, check=True)
+            proc = run_to_end([str(PEERS_PYTHON), "-m", "bench.peers.run", peer, *common, *extra], cwd=ROOT,
+                              env=env)
             out[peer] = json.loads(proc.stdout.strip().splitlines()[-1])
     return out
 
@@ -221,17 +221,6 @@ def machine() -> dict[str, Any]:
     return {"date": datetime.now(UTC).isoformat(timespec="seconds"), "commit": commit.stdout.strip(),
             "cores": os.cpu_count(), "cpu": cpu, "python": platform.python_version(),
             "load_average_at_start": os.getloadavg()}
-
-
-def stop_on_sigterm() -> None:
-    """Make SIGTERM end the run as Ctrl-C does, through every cleanup on the way out. By default it
-    ends the process on the spot: the stack's processes (started in sessions of their own, so a
-    terminal's Ctrl-C reaches only this one) and its PostgreSQL were left running, and its
-    temporary folders on disk."""
-    def interrupted(signum: int, frame: object) -> None:
-        raise KeyboardInterrupt(f"signal {signum}")
-
-    signal.signal(signal.SIGTERM, interrupted)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -11,8 +11,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bench.interrupt import stop_on_sigterm
+
 
 def main(argv: list[str] | None = None) -> int:
+    stop_on_sigterm()
     parser = argparse.ArgumentParser(prog="python -m bench.peers.run")
     parser.add_argument("peer", choices=["celery", "procrastinate", "django-tasks-db"])
     parser.add_argument("--n", type=int, required=True)

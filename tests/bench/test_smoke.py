@@ -4,11 +4,13 @@ import contextlib
 import signal
 import subprocess
 import sys
+import time
 
 import psycopg
 import pytest
 
 from bench import drain, limited_claim, measure, report
+from bench.interrupt import run_to_end
 from bench.stack import ROOT, BenchStack
 from tasks.models import Task
 from tests.helpers import database_url
@@ -340,7 +342,7 @@ def test_sigterm_ends_a_run_through_its_cleanups(tmp_path):
     """`make bench` killed with SIGTERM stops its stack and its PostgreSQL on the way out, as after Ctrl-C."""
     marker = tmp_path / "cleaned"
     script = ("import sys, time\n"
-              "from bench.run import stop_on_sigterm\n"
+              "from bench.interrupt import stop_on_sigterm\n"
               "stop_on_sigterm()\n"
               "try:\n"
               "    print('ready', flush=True)\n"
@@ -352,3 +354,35 @@ def test_sigterm_ends_a_run_through_its_cleanups(tmp_path):
     proc.send_signal(signal.SIGTERM)
     assert proc.wait(timeout=10) != 0
     assert marker.read_text() == "stopped"
+
+
+def test_an_interrupted_run_gives_its_peer_runner_time_to_clean_up(tmp_path):
+    """SIGTERM to the run reaches the peers' runner as SIGTERM, not SIGKILL: its own cleanups run."""
+    ready, marker = tmp_path / "ready", tmp_path / "cleaned"
+    child = ("import time\n"
+             "from bench.interrupt import stop_on_sigterm\n"
+             "stop_on_sigterm()\n"
+             "try:\n"
+             f"    open({str(ready)!r}, 'w').close()\n"
+             "    time.sleep(60)\n"
+             "finally:\n"
+             f"    open({str(marker)!r}, 'w').write('stopped')\n")
+    parent = ("import sys\n"
+              "from bench.interrupt import run_to_end, stop_on_sigterm\n"
+              "stop_on_sigterm()\n"
+              f"run_to_end([sys.executable, '-c', {child!r}])\n")
+    proc = subprocess.Popen([sys.executable, "-c", parent], cwd=ROOT)
+    deadline = time.monotonic() + 20
+    while not ready.exists():
+        assert time.monotonic() < deadline and proc.poll() is None
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    assert proc.wait(timeout=20) != 0
+    assert marker.read_text() == "stopped"
+
+
+def test_run_to_end_answers_the_output_and_raises_on_failure():
+    assert run_to_end([sys.executable, "-c", "print('figures')"]).stdout == "figures\n"
+    with pytest.raises(subprocess.CalledProcessError) as failed:
+        run_to_end([sys.executable, "-c", "print('partial'); raise SystemExit(3)"])
+    assert failed.value.returncode == 3 and failed.value.output == "partial\n"
