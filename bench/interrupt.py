@@ -14,8 +14,11 @@ from typing import Any
 
 
 def stop_on_sigterm() -> None:
-    """Make SIGTERM raise KeyboardInterrupt, so the process ends through its cleanups."""
+    """Make SIGTERM raise KeyboardInterrupt, so the process ends through its cleanups. A second
+    SIGTERM (a process group signalled, then the run's own to its child) does not interrupt the
+    cleanups the first one started; SIGKILL still ends a cleanup that hangs."""
     def interrupted(signum: int, frame: object) -> None:
+        signal.signal(signal.SIGTERM, lambda *_: None)
         raise KeyboardInterrupt(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, interrupted)

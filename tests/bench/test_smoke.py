@@ -341,17 +341,21 @@ def test_the_big_table_takes_turns_with_the_empty_one(tmp_path, quiet):
 def test_sigterm_ends_a_run_through_its_cleanups(tmp_path):
     """`make bench` killed with SIGTERM stops its stack and its PostgreSQL on the way out, as after Ctrl-C."""
     marker = tmp_path / "cleaned"
-    script = ("import sys, time\n"
+    script = ("import time\n"
               "from bench.interrupt import stop_on_sigterm\n"
               "stop_on_sigterm()\n"
               "try:\n"
               "    print('ready', flush=True)\n"
               "    time.sleep(60)\n"
               "finally:\n"
+              "    print('cleaning', flush=True)\n"
+              "    time.sleep(0.5)\n"
               f"    open({str(marker)!r}, 'w').write('stopped')\n")
     proc = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, stdout=subprocess.PIPE, text=True)
     assert proc.stdout.readline() == "ready\n"
     proc.send_signal(signal.SIGTERM)
+    assert proc.stdout.readline() == "cleaning\n"
+    proc.send_signal(signal.SIGTERM)  # a second one, mid-cleanup, does not cut it short
     assert proc.wait(timeout=10) != 0
     assert marker.read_text() == "stopped"
 
