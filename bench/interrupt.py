@@ -2,8 +2,8 @@
 
 By default SIGTERM ends a Python process on the spot: a run's `finally` blocks never ran, and the
 processes it had started (in sessions of their own, so that a terminal's Ctrl-C reaches only the
-run) stayed up, with its PostgreSQL and its temporary folders. Kept free of imports beyond the
-standard library: the peers' runner imports it from their own virtualenv.
+run) stayed up, with its PostgreSQL and its temporary folders. Imports nothing of Django's or
+Valka's (as bench.measure): the peers' runner imports it from their own virtualenv.
 """
 
 from __future__ import annotations
@@ -11,6 +11,8 @@ from __future__ import annotations
 import signal
 import subprocess
 from typing import Any
+
+from bench.measure import stop
 
 
 def stop_on_sigterm() -> None:
@@ -32,11 +34,7 @@ def run_to_end(cmd: list[str], *, grace: float = 30.0, **popen: Any) -> subproce
         try:
             out, _ = proc.communicate()
         except BaseException:
-            proc.terminate()
-            try:
-                proc.wait(grace)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc, grace)
             raise
     if proc.returncode:
         raise subprocess.CalledProcessError(proc.returncode, cmd, out)
