@@ -22,6 +22,7 @@ import queue
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +35,7 @@ import psycopg
 from django.db import connection
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.proto.trace.v1 import trace_pb2
+from psycopg import pq
 
 from tasks.models import Task
 from tasks.retry import RetryPolicy
@@ -325,6 +327,29 @@ def once(loop: Loop, now: datetime | None = None) -> int:
             return await loop.run_once(conn, now)
 
     return asyncio.run(go())
+
+
+def pass_and_sleep(loop: Loop) -> tuple[float, int]:
+    """One `run_once` of `loop` and its `next_delay`, on a fresh connection: the delay, and how many
+    requests they sent PostgreSQL, read from libpq's trace of the connection (each extended-protocol
+    statement ends with a Sync, each simple one, as BEGIN and COMMIT are, is a Query)."""
+
+    async def go() -> tuple[float, list[str]]:
+        async with await connect() as conn:
+            with tempfile.TemporaryFile() as trace:
+                conn.pgconn.trace(trace.fileno())
+                conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS)
+                try:
+                    await loop.run_once(conn)
+                    delay = await loop.next_delay(conn)
+                finally:
+                    conn.pgconn.untrace()
+                trace.seek(0)
+                return delay, trace.read().decode(errors="replace").splitlines()
+
+    delay, lines = asyncio.run(go())
+    sent = [line.split("\t") for line in lines if line.startswith("F")]
+    return delay, sum(1 for fields in sent if len(fields) > 2 and fields[2] in ("Sync", "Query"))
 
 
 def run_async(fn: Callable[[], Awaitable[Any]]) -> Any:

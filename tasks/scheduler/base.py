@@ -149,7 +149,10 @@ class Loop:
         async with connection(db) as conn:
             cur = await conn.execute(statement)
             row = await cur.fetchone()
-        due = row[0] if row else None
+        return self.sleep_for(row[0] if row else None)
+
+    def sleep_for(self, due: float | None) -> float:
+        """The sleep before a pass whose next item is due in `due` seconds (None: nothing waits)."""
         if due is None:
             return self.config.max_sleep
         return min(self.config.max_sleep, max(MIN_SLEEP, due + DUE_SLACK))

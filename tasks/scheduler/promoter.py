@@ -14,6 +14,7 @@ looked at, through their own small partial index.
 
 from __future__ import annotations
 
+from contextlib import nullcontext
 from datetime import datetime
 
 from psycopg_pool import AsyncConnectionPool
@@ -24,6 +25,7 @@ from tasks.sql import maintenance
 # On its first pass (and after taking over from another scheduler) the promoter also
 # announces tasks that fell due this long before: whatever the previous leader may have missed.
 LOOKBACK_SECONDS = 60.0
+_UNKNOWN = object()  # no pass has said when the next delayed task falls due
 
 
 class DelayedPromoter(Loop):
@@ -32,15 +34,22 @@ class DelayedPromoter(Loop):
     def __init__(self, config: SchedulerConfig | None = None, pool: AsyncConnectionPool | None = None) -> None:
         super().__init__(config, pool)
         self.watermark: datetime | None = None
+        self._next_due: float | None | object = _UNKNOWN
 
     async def run_once(self, db: DB, now: datetime | None = None) -> int:
         """Announce the delayed tasks that fell due in (watermark, now]; the watermark moves
         to `now` only once the NOTIFYs are committed, so a failed pass is repeated, not lost."""
-        async with connection(db) as conn, conn.transaction():
-            cur = await conn.execute(maintenance.DUE_DELAYED, {
-                "now": now, "since": self.watermark, "lookback": LOOKBACK_SECONDS})
-            rows = await cur.fetchall()
+        async with connection(db) as conn:
+            # One statement: on an autocommit connection (the pool's) it is its own transaction, and
+            # its NOTIFYs are sent at its commit, before execute returns. BEGIN and COMMIT around it
+            # would add two round trips to every pass, once a second while idle.
+            async with nullcontext() if conn.autocommit else conn.transaction():
+                cur = await conn.execute(maintenance.DUE_DELAYED, {
+                    "now": now, "since": self.watermark, "lookback": LOOKBACK_SECONDS})
+                rows = await cur.fetchall()
         self.watermark = rows[0][0]
+        # The next delayed task's due time, seen from the real clock only (`now` moves it in tests).
+        self._next_due = rows[0][4] if now is None else _UNKNOWN
         due = sum(row[2] for row in rows)
         queues = sum(1 for row in rows if row[1] is not None)
         if due:
@@ -48,8 +57,12 @@ class DelayedPromoter(Loop):
         return 0
 
     async def next_delay(self, db: DB) -> float:
-        """Sleep until the next delayed task falls due (bounded by max_sleep)."""
-        return await self.sleep_until_due(db, maintenance.NEXT_DELAYED_DUE)
+        """Sleep until the next delayed task falls due (bounded by max_sleep), as the pass just
+        before saw it; a loop whose pass did not say asks."""
+        due, self._next_due = self._next_due, _UNKNOWN
+        if due is _UNKNOWN:
+            return await self.sleep_until_due(db, maintenance.NEXT_DELAYED_DUE)
+        return self.sleep_for(due)  # type: ignore[arg-type]
 
     def reset(self) -> None:
         """Forget the watermark (on gaining leadership): the next pass looks back LOOKBACK_SECONDS."""

@@ -5,6 +5,10 @@ Whoever moves a task to RETRY sets `run_at` to the end of its backoff
 (`valka_retry_delay`). This loop sleeps until the earliest such `run_at`
 (bounded by `max_sleep`, since new RETRY tasks appear without a wake-up), so
 a retry is claimable within about a second of its time.
+
+Each pass first asks when the earliest RETRY task is due. With none in RETRY, the pass ends
+there and its answer is the sleep: an idle scheduler makes one statement a second for this
+loop, not two transactions and a probe.
 """
 
 from __future__ import annotations
@@ -12,13 +16,18 @@ from __future__ import annotations
 from datetime import datetime
 
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
-from tasks.scheduler.base import DB, Loop, connection
+from tasks.scheduler.base import DB, Loop, SchedulerConfig, connection
 from tasks.sql import lifecycle, maintenance
 
 
 class RetryEngine(Loop):
     name = "retry engine"
+
+    def __init__(self, config: SchedulerConfig | None = None, pool: AsyncConnectionPool | None = None) -> None:
+        super().__init__(config, pool)
+        self._found_none = False  # the last pass found no task in RETRY: next_delay need not look
 
     async def promote_batch(self, conn: psycopg.AsyncConnection, now: datetime | None = None) -> int:
         """Up to one batch of due RETRY tasks → PENDING, with one NOTIFY per queue, in the caller's
@@ -38,12 +47,20 @@ class RetryEngine(Loop):
         return len(await cur.fetchall())
 
     async def run_once(self, db: DB, now: datetime | None = None) -> int:
-        """Exhausted tasks first (they must never become PENDING), then the due ones."""
+        """Exhausted tasks first (they must never become PENDING), then the due ones. Exhausted
+        tasks move whatever their due time, so only an empty RETRY set lets the pass stop early."""
         async with connection(db) as conn:
+            row = await (await conn.execute(maintenance.NEXT_RETRY_DUE)).fetchone()
+            self._found_none = row is None or row[0] is None
+            if self._found_none:
+                return 0
             dead = await self.repeat(conn, self.dead_letter_batch)
             promoted = await self.repeat(conn, lambda c: self.promote_batch(c, now))
         return self.report(**{"tasks → PENDING": promoted, "tasks → DEAD_LETTER": dead})
 
     async def next_delay(self, db: DB) -> float:
         """Sleep until the earliest RETRY task is due (bounded by max_sleep)."""
+        if self._found_none:
+            self._found_none = False
+            return self.sleep_for(None)
         return await self.sleep_until_due(db, maintenance.NEXT_RETRY_DUE)

@@ -99,7 +99,9 @@ SELECT queue, count(*) AS moved, pg_notify('{TASK_READY}', queue)::text FROM mov
 
 # -- Delayed PENDING tasks that fell due in (%(since)s, now]: count them and NOTIFY once per queue. --
 # Always returns the reference time in its first row (queue NULL when nothing fell due), which
-# becomes the next pass's %(since)s. Matches tasks_delayed_idx. Nothing is moved or locked.
+# becomes the next pass's %(since)s, and in every row the seconds from it until the next delayed
+# task falls due (NULL if none), as NEXT_DELAYED_DUE would answer: the pass's sleep, without a
+# statement of its own. Matches tasks_delayed_idx. Nothing is moved or locked.
 DUE_DELAYED = f"""
 WITH clock AS MATERIALIZED (SELECT {NOW} AS now),
 due AS (
@@ -108,10 +110,17 @@ due AS (
       AND t.run_at > COALESCE(%(since)s::timestamptz, clock.now - make_interval(secs => %(lookback)s))
       AND t.run_at <= clock.now
     GROUP BY t.queue
+), next AS MATERIALIZED (
+    -- min(run_at) alone, so that the index's first entry answers it.
+    SELECT EXTRACT(EPOCH FROM (
+        SELECT min(t.run_at) FROM tasks t
+        WHERE t.status = 'PENDING' AND t.run_at > t.created_at AND t.run_at > (SELECT now FROM clock)
+    ) - clock.now)::float8 AS seconds FROM clock
 )
 SELECT clock.now, due.queue, COALESCE(due.n, 0),
-       CASE WHEN due.queue IS NOT NULL THEN pg_notify('{TASK_READY}', due.queue)::text END
-FROM clock LEFT JOIN due ON true
+       CASE WHEN due.queue IS NOT NULL THEN pg_notify('{TASK_READY}', due.queue)::text END,
+       next.seconds
+FROM clock CROSS JOIN next LEFT JOIN due ON true
 """
 
 # -- Seconds until the next delayed PENDING task falls due (NULL if none). --

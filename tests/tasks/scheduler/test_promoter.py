@@ -3,10 +3,13 @@
 from datetime import timedelta
 
 import pytest
+from django.db import connection
 
 from tasks.scheduler.promoter import LOOKBACK_SECONDS, DelayedPromoter
+from tasks.sql import maintenance
 from tests.factories import TaskFactory
-from tests.helpers import connect, db_now, make_config, once, run_async
+from tests.helpers import connect, db_now, make_config, once, pass_and_sleep, run_async
+from tests.plans import executed_plan, nodes, outline
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -68,3 +71,34 @@ def test_next_delay_follows_the_next_scheduled_task():
     assert run_async(delay) == 10.0
     TaskFactory(run_at=db_now() + timedelta(seconds=5))
     assert 2 < run_async(delay) <= 5.02  # however slow this machine is
+
+
+def test_a_pass_says_when_to_wake_without_a_statement_of_its_own():
+    """The pass's statement also answers when the next delayed task falls due: on an autocommit
+    connection the pass and its sleep are that one statement, and the sleep is the one
+    NEXT_DELAYED_DUE gives."""
+    promoter = DelayedPromoter(make_config(max_sleep=10.0))
+    assert pass_and_sleep(promoter) == (10.0, 1)
+    TaskFactory(run_at=db_now() + timedelta(seconds=5))
+    delay, sent = pass_and_sleep(promoter)
+    assert 2 < delay <= 5.02 and sent == 1
+
+
+def test_the_next_due_time_reads_one_entry_of_many_delayed_tasks():
+    """10,000 tasks scheduled for later: the pass's look for the next one reads the delayed index's
+    first entry past now, not every task after it (a min over an expression of run_at would)."""
+    with connection.cursor() as cur:
+        cur.execute("""
+            INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count, timeout_seconds,
+                               metadata, run_at, created_at, updated_at)
+            SELECT gen_random_uuid(), 'later', 'q', 'PENDING', 0, 3, 0, 300, '{}',
+                   now() + make_interval(secs => 60 + g), now(), now()
+            FROM generate_series(1, 10000) g""")
+        cur.execute("ANALYZE tasks")
+    params = {"now": None, "since": None, "lookback": LOOKBACK_SECONDS}
+    with connection.cursor() as cur:
+        cur.execute(maintenance.DUE_DELAYED, params)
+        assert 55 < cur.fetchone()[4] <= 61  # the first of them, 61 s after the statement's now
+    plan = executed_plan(maintenance.DUE_DELAYED, params, generic=False)
+    read = [n for n in nodes(plan) if n.get("Relation Name") == "tasks"]
+    assert read and sum(n["Actual Rows"] * n["Actual Loops"] for n in read) <= 1, outline(plan)

@@ -8,7 +8,7 @@ from tasks.models import DeadLetter, Task
 from tasks.scheduler.base import MIN_SLEEP
 from tasks.scheduler.retry import RetryEngine
 from tests.factories import TaskFactory
-from tests.helpers import connect, db_now, make_config, once, run_async
+from tests.helpers import connect, db_now, make_config, once, pass_and_sleep, run_async
 
 pytestmark = pytest.mark.django_db(transaction=True)
 
@@ -116,3 +116,18 @@ def test_next_delay_follows_the_earliest_retry():
     assert 2 < run_async(delay) <= 5.02  # however slow this machine is
     Task.objects.filter(id=far.id).update(run_at=db_now() - timedelta(seconds=5))
     assert run_async(delay) == MIN_SLEEP  # overdue (locked elsewhere, say): a short nap, no spin
+
+
+def test_an_idle_pass_is_one_statement_and_its_answer_the_sleep():
+    """With no task in RETRY the pass asks once and stops: an idle scheduler makes one statement a
+    second for this loop. With one waiting, however far off, the pass moves what is due and asks
+    again when to wake."""
+    engine = RetryEngine(make_config(max_sleep=10.0))
+    assert pass_and_sleep(engine) == (10.0, 1)
+
+    TaskFactory(status="RETRY", attempt_count=1, run_at=db_now() + timedelta(hours=1))
+    delay, sent = pass_and_sleep(engine)
+    assert delay == 10.0 and sent > 1
+    exhausted = TaskFactory(status="RETRY", attempt_count=4, max_retries=3, run_at=db_now() + timedelta(hours=1))
+    pass_and_sleep(engine)
+    assert status(exhausted) == "DEAD_LETTER"  # moved whatever its due time
