@@ -27,6 +27,7 @@ log = logging.getLogger("valka.scheduler")
 MIN_SLEEP = 0.05  # never spin, even when something is overdue but locked by someone else
 DUE_SLACK = 0.01  # wake just after a due time, not a hair before it
 MAX_BACKOFF = 30.0  # after repeated errors (database down), retry at least this often
+UNKNOWN = object()  # `Loop.next_due` when no pass has said when the next item is due
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,9 @@ class Loop:
         self._lost_access = False  # since the last time `watching_since` was set
         self._returned_at: datetime | None = None
         self.wake = asyncio.Event()
+        # Seconds until the next item is due (None: nothing waits), when the pass just made learned
+        # it on its way: `sleep_until_due` then needs no statement of its own. Read once.
+        self.next_due: float | None | object = UNKNOWN
 
     @property
     def interval(self) -> float:
@@ -144,15 +148,14 @@ class Loop:
 
     async def sleep_until_due(self, db: DB, statement: str) -> float:
         """The sleep before the next pass of a loop that knows when its next item is due:
-        `statement` returns the seconds until then (NULL if nothing waits). Bounded by
-        `max_sleep`, because new items can appear without waking us."""
-        async with connection(db) as conn:
-            cur = await conn.execute(statement)
-            row = await cur.fetchone()
-        return self.sleep_for(row[0] if row else None)
-
-    def sleep_for(self, due: float | None) -> float:
-        """The sleep before a pass whose next item is due in `due` seconds (None: nothing waits)."""
+        `statement` returns the seconds until then (NULL if nothing waits), unless the pass set
+        `next_due`. Bounded by `max_sleep`, because new items can appear without waking us."""
+        due, self.next_due = self.next_due, UNKNOWN
+        if due is UNKNOWN:
+            async with connection(db) as conn:
+                cur = await conn.execute(statement)
+                row = await cur.fetchone()
+            due = row[0] if row else None
         if due is None:
             return self.config.max_sleep
         return min(self.config.max_sleep, max(MIN_SLEEP, due + DUE_SLACK))

@@ -19,13 +19,12 @@ from datetime import datetime
 
 from psycopg_pool import AsyncConnectionPool
 
-from tasks.scheduler.base import DB, Loop, SchedulerConfig, connection
+from tasks.scheduler.base import DB, UNKNOWN, Loop, SchedulerConfig, connection
 from tasks.sql import maintenance
 
 # On its first pass (and after taking over from another scheduler) the promoter also
 # announces tasks that fell due this long before: whatever the previous leader may have missed.
 LOOKBACK_SECONDS = 60.0
-_UNKNOWN = object()  # no pass has said when the next delayed task falls due
 
 
 class DelayedPromoter(Loop):
@@ -34,7 +33,6 @@ class DelayedPromoter(Loop):
     def __init__(self, config: SchedulerConfig | None = None, pool: AsyncConnectionPool | None = None) -> None:
         super().__init__(config, pool)
         self.watermark: datetime | None = None
-        self._next_due: float | None | object = _UNKNOWN
 
     async def run_once(self, db: DB, now: datetime | None = None) -> int:
         """Announce the delayed tasks that fell due in (watermark, now]; the watermark moves
@@ -49,7 +47,7 @@ class DelayedPromoter(Loop):
                 rows = await cur.fetchall()
         self.watermark = rows[0][0]
         # The next delayed task's due time, seen from the real clock only (`now` moves it in tests).
-        self._next_due = rows[0][4] if now is None else _UNKNOWN
+        self.next_due = rows[0][4] if now is None else UNKNOWN
         due = sum(row[2] for row in rows)
         queues = sum(1 for row in rows if row[1] is not None)
         if due:
@@ -58,11 +56,8 @@ class DelayedPromoter(Loop):
 
     async def next_delay(self, db: DB) -> float:
         """Sleep until the next delayed task falls due (bounded by max_sleep), as the pass just
-        before saw it; a loop whose pass did not say asks."""
-        due, self._next_due = self._next_due, _UNKNOWN
-        if due is _UNKNOWN:
-            return await self.sleep_until_due(db, maintenance.NEXT_DELAYED_DUE)
-        return self.sleep_for(due)  # type: ignore[arg-type]
+        made saw it when it ran on the real clock."""
+        return await self.sleep_until_due(db, maintenance.NEXT_DELAYED_DUE)
 
     def reset(self) -> None:
         """Forget the watermark (on gaining leadership): the next pass looks back LOOKBACK_SECONDS."""

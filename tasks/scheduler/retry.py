@@ -16,18 +16,13 @@ from __future__ import annotations
 from datetime import datetime
 
 import psycopg
-from psycopg_pool import AsyncConnectionPool
 
-from tasks.scheduler.base import DB, Loop, SchedulerConfig, connection
+from tasks.scheduler.base import DB, UNKNOWN, Loop, connection
 from tasks.sql import lifecycle, maintenance
 
 
 class RetryEngine(Loop):
     name = "retry engine"
-
-    def __init__(self, config: SchedulerConfig | None = None, pool: AsyncConnectionPool | None = None) -> None:
-        super().__init__(config, pool)
-        self._found_none = False  # the last pass found no task in RETRY: next_delay need not look
 
     async def promote_batch(self, conn: psycopg.AsyncConnection, now: datetime | None = None) -> int:
         """Up to one batch of due RETRY tasks → PENDING, with one NOTIFY per queue, in the caller's
@@ -51,16 +46,14 @@ class RetryEngine(Loop):
         tasks move whatever their due time, so only an empty RETRY set lets the pass stop early."""
         async with connection(db) as conn:
             row = await (await conn.execute(maintenance.NEXT_RETRY_DUE)).fetchone()
-            self._found_none = row is None or row[0] is None
-            if self._found_none:
+            if row is None or row[0] is None:
+                self.next_due = None  # nothing waits: the sleep needs no second look
                 return 0
+            self.next_due = UNKNOWN  # what the batches leave is looked at afterwards
             dead = await self.repeat(conn, self.dead_letter_batch)
             promoted = await self.repeat(conn, lambda c: self.promote_batch(c, now))
         return self.report(**{"tasks → PENDING": promoted, "tasks → DEAD_LETTER": dead})
 
     async def next_delay(self, db: DB) -> float:
         """Sleep until the earliest RETRY task is due (bounded by max_sleep)."""
-        if self._found_none:
-            self._found_none = False
-            return self.sleep_for(None)
         return await self.sleep_until_due(db, maintenance.NEXT_RETRY_DUE)
