@@ -97,6 +97,13 @@ SELECT queue, count(*) AS moved, pg_notify('{TASK_READY}', queue)::text FROM mov
 
 # ---------------------------------------------------------------- delayed promoter
 
+# The first delayed PENDING task due after {after}: min(run_at) alone, so that the first entry of
+# tasks_delayed_idx past it answers (a min over an expression of run_at reads every later task).
+_FIRST_DELAYED_AFTER = """
+SELECT min(t.run_at) FROM tasks t
+WHERE t.status = 'PENDING' AND t.run_at > t.created_at AND t.run_at > {after}
+"""
+
 # -- Delayed PENDING tasks that fell due in (%(since)s, now]: count them and NOTIFY once per queue. --
 # Always returns the reference time in its first row (queue NULL when nothing fell due), which
 # becomes the next pass's %(since)s, and in every row the seconds from it until the next delayed
@@ -111,11 +118,9 @@ due AS (
       AND t.run_at <= clock.now
     GROUP BY t.queue
 ), next AS MATERIALIZED (
-    -- min(run_at) alone, so that the index's first entry answers it.
-    SELECT EXTRACT(EPOCH FROM (
-        SELECT min(t.run_at) FROM tasks t
-        WHERE t.status = 'PENDING' AND t.run_at > t.created_at AND t.run_at > (SELECT now FROM clock)
-    ) - clock.now)::float8 AS seconds FROM clock
+    SELECT EXTRACT(EPOCH FROM ({_FIRST_DELAYED_AFTER.format(after="(SELECT now FROM clock)")}) - clock.now)::float8
+           AS seconds
+    FROM clock
 )
 SELECT clock.now, due.queue, COALESCE(due.n, 0),
        CASE WHEN due.queue IS NOT NULL THEN pg_notify('{TASK_READY}', due.queue)::text END,
@@ -124,9 +129,8 @@ FROM clock CROSS JOIN next LEFT JOIN due ON true
 """
 
 # -- Seconds until the next delayed PENDING task falls due (NULL if none). --
-NEXT_DELAYED_DUE = """
-SELECT EXTRACT(EPOCH FROM min(run_at) - now())::float8 FROM tasks
-WHERE status = 'PENDING' AND run_at > created_at AND run_at > now()
+NEXT_DELAYED_DUE = f"""
+SELECT EXTRACT(EPOCH FROM ({_FIRST_DELAYED_AFTER.format(after="now()")}) - now())::float8
 """
 
 # ---------------------------------------------------------------- worker janitor
