@@ -5,7 +5,8 @@ then the time until the last of them is COMPLETED: max(finished_at) minus the
 moment the commit returned. The same drain runs on queues with controls, in
 turns with the unlimited one: one whose max_running is the workers' slots, and
 one whose tasks have 100 concurrency keys under max_running_per_key
-(`controlled`). Latency: idle workers, `stamp` tasks enqueued one by one through
+(`controlled`), and the bound of the first: an unlimited queue whose results free
+their slots only once their ends are written. Latency: idle workers, `stamp` tasks enqueued one by one through
 the in-process API at a steady pace; the handler's start time (in the task's
 output) minus the moment `enqueue` returned.
 
@@ -31,6 +32,8 @@ DRAIN_QUEUE = "drain"
 LATENCY_QUEUE = "latency"
 CAPPED_QUEUE = "drain_capped"  # max_running = the workers' slots
 KEYED_QUEUE = "drain_keyed"  # KEYS concurrency keys, max_running_per_key
+# No limit, but its slots free once the ends are written (the dispatcher's VALKA_DISPATCH_HELD_QUEUES).
+HELD_QUEUE = "drain_held"
 KEYS = 100
 CHUNK = 1000
 
@@ -135,6 +138,12 @@ def controlled(database_url: str, *, n: int, rounds: int, slots: int,
     KEYS keys under max_running_per_key (twice a fair share of the slots, so the claim's turns
     are measured, not the limit). The workers serve both queues: their hellos made the rows.
 
+    Beside them, the capped drain's bound: HELD_QUEUE, which the dispatcher runs with no limit but
+    frees a slot only once the task's end is written, the constraint that max_running at the
+    workers' slots puts on any claim (its tasks DISPATCHING or RUNNING in the database never more
+    than the slots), with nothing counted. The capped drain's ratio to it is the cost of the
+    limit's own work; its ratio to the unlimited drain, what the constraint leaves.
+
     The rounds take turns with the unlimited drain (unlimited, capped, keyed, then again), and
     each is compared with the unlimited rounds beside it: the machine's speed drifts over the
     minutes between separate runs, and a ratio of figures taken apart would measure the drift.
@@ -149,6 +158,7 @@ def controlled(database_url: str, *, n: int, rounds: int, slots: int,
         "unlimited": (DRAIN_QUEUE, 0, "drain, in turns with the controls"),
         "max_running": (CAPPED_QUEUE, 0, f"drain, max_running {slots}"),
         "keys": (KEYED_QUEUE, KEYS, f"drain, {KEYS} keys"),
+        "held": (HELD_QUEUE, 0, "drain, slots freed once ends are written"),
     }
     rates: dict[str, list[float]] = {side: [] for side in sides}
     spent: dict[str, list[dict[str, float]]] = {side: [] for side in sides}
@@ -162,8 +172,9 @@ def controlled(database_url: str, *, n: int, rounds: int, slots: int,
                   "max_per_s": max(rates[side]), "cpu_us_per_task": cpu.medians(spent[side])} for side in sides}
     out["max_running"]["max_running"] = slots
     out["keys"].update(keys=KEYS, max_running_per_key=per_key)
-    for side in ("max_running", "keys"):
+    for side in ("max_running", "keys", "held"):
         out[side]["ratio"] = out[side]["rate_per_s"] / out["unlimited"]["rate_per_s"]
+    out["max_running"]["ratio_to_held"] = out["max_running"]["rate_per_s"] / out["held"]["rate_per_s"]
     return out
 
 

@@ -103,6 +103,12 @@ def rows(results: dict[str, Any]) -> list[Row]:
          _spread(v, ("controls", "max_running"), "rate_per_s", "min_per_s", "max_per_s"), none, True),
         ("  ÷ the unlimited drain beside it", "ratio", "≥ 0.90", _get(v, "controls", "max_running", "ratio"),
          none, True),
+        # Its bound: no limit, but slots freed only once the ends are written (bench/drain.py controlled).
+        ("drain, slots freed once ends are written (bound)", "tasks/s", "",
+         _spread(v, ("controls", "held"), "rate_per_s", "min_per_s", "max_per_s"), none, True),
+        ("  ÷ the unlimited drain beside it", "ratio", "", _get(v, "controls", "held", "ratio"), none, True),
+        ("  max_running ÷ this bound", "ratio", "", _get(v, "controls", "max_running", "ratio_to_held"),
+         none, True),
         ("drain, 100 concurrency keys", "tasks/s", "",
          _spread(v, ("controls", "keys"), "rate_per_s", "min_per_s", "max_per_s"), none, True),
         ("  ÷ the unlimited drain beside it", "ratio", "≥ 0.80", _get(v, "controls", "keys", "ratio"), none, True),
@@ -110,7 +116,8 @@ def rows(results: dict[str, Any]) -> list[Row]:
         # under 1 with as much CPU per task is idle cores; with more, it is work.
         *((f"  CPU per task: all, {label}", "µs CPU", "", _get(v, "controls", side, "cpu_us_per_task", "total"),
            none, False)
-          for side, label in (("unlimited", "unlimited"), ("max_running", "max_running"), ("keys", "100 keys"))),
+          for side, label in (("unlimited", "unlimited"), ("max_running", "max_running"), ("keys", "100 keys"),
+                              ("held", "bound"))),
         # One claim of a queue with max_running, as its running tasks grow (bench/limited_claim.py).
         ("limited claim of 64, none running", "ms", "", _get(v, "controls", "claim_cost", "none_running_ms"),
          none, False),

@@ -80,8 +80,9 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
     url = stack.database_url
     hop_log = stack.workdir / "hops.jsonl"  # the dispatcher's per-task timestamps (dispatcher/hops.py)
     # Its ApiService as deployed, as the web app's API below: callers must present a key.
-    dispatcher, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log), VALKA_API_ANONYMOUS="false")
-    queues = [drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE]
+    dispatcher, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log), VALKA_API_ANONYMOUS="false",
+                                        VALKA_DISPATCH_HELD_QUEUES=drain.HELD_QUEUE)
+    queues = [drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE, drain.HELD_QUEUE]
     workers = stack.workers(addr, count=opts.workers, concurrency=opts.concurrency, queues=queues)
     out["memory"] = {"dispatcher_idle_start_mib": memory.rss({"d": dispatcher})["d"],
                      "worker_idle_start_mib": memory.rss({"w": workers[0]})["w"]}

@@ -37,6 +37,10 @@ class HandlerSettings:
     retry_params: dict[str, float] = field(default_factory=dict)  # for the runs a closed session leaves
     run_log_max_lines: int = 10_000  # a run's log lines kept; later ones are counted and dropped
     run_log_max_bytes: int = 10 * 1024 * 1024  # and bytes of their messages and metadata
+    # Queues whose results free their slots once their ends are written (`results_written`), not
+    # as they come back: the constraint of a max_running at the workers' slots with no count, which
+    # `make bench` measures as the capped drain's bound (settings DISPATCH_HELD_QUEUES).
+    held_queues: frozenset[str] = frozenset()
 
 
 class WorkerIdTaken(Exception):
@@ -60,6 +64,9 @@ class SessionHandler:
         self.accepting = True  # False once the node stops: new streams are refused
         self.handing_over = False  # True once the node stops: a closing session keeps its runs RUNNING
         self.open_streams = 0  # stream handlers still running (their cleanup included)
+        # Runs of held queues whose result came back, their end not yet written: their sessions,
+        # which keep the slot until then (`results_written`), by run id.
+        self._held: dict[str, WorkerSession] = {}
 
     async def open_session(self, hello: pb.WorkerHello) -> WorkerSession:
         """Record the worker CONNECTED to this node.
@@ -126,7 +133,8 @@ class SessionHandler:
         its heartbeats keep, bound how long they wait for it)."""
         self.sessions.discard(session)
         session.close()
-        entries = list(session.in_flight.values())
+        # A held run whose result came back is the writer's to end, not lost.
+        entries = [e for e in session.in_flight.values() if self._held.pop(e.run_id, None) is None]
         session.in_flight.clear()
         session.by_run.clear()
         unsent = [e.task_id for e in entries if not e.sent]
@@ -176,7 +184,11 @@ class SessionHandler:
         """Take a worker's result; returns a complaint for a result we could not use."""
         entry = session.release(result.task_run_id)
         if entry is not None:  # a run id this node made: no need to check its form
-            self.claimer.freed(entry.queue)
+            if entry.queue in self.settings.held_queues:
+                session.reserve(entry)  # its slot frees once the end is written (results_written)
+                self._held[entry.run_id] = session
+            else:
+                self.claimer.freed(entry.queue)
             if entry.dropped_lines:
                 self.writer.logs([self._truncation_line(entry)])
         elif not protocol.valid_uuid(result.task_run_id):
@@ -186,6 +198,14 @@ class SessionHandler:
             log.debug("dispatcher: result for run %s not held by this session of %s", result.task_run_id,
                       session.worker_id)
         return None
+
+    def results_written(self, results: list[protocol.Result]) -> None:
+        """The writer committed these results' ends: the slots of held queues' runs free now."""
+        for result in results:
+            session = self._held.pop(result.run_id, None)
+            entry = session.release(result.run_id) if session is not None else None
+            if entry is not None:
+                self.claimer.slot_freed(entry.queue)
 
     def on_heartbeat(self, session: WorkerSession, beat: pb.Heartbeat) -> None:
         """Extend the leases of the runs the worker says it holds (only those it really holds are;

@@ -66,6 +66,7 @@ class NodeSettings:
     max_worker_concurrency: int = 1_000
     retry_params: dict[str, float] = field(default_factory=dict)
     hop_log: str = ""  # a file for per-task timestamps (dispatcher.hops), for the benchmark
+    held_queues: frozenset[str] = frozenset()  # slots freed once ends are written (the benchmark's floor)
 
     @classmethod
     def from_settings(cls) -> NodeSettings:
@@ -85,6 +86,7 @@ class NodeSettings:
             max_worker_concurrency=int(valka_settings.MAX_WORKER_CONCURRENCY),
             retry_params=RetryPolicy.from_settings().sql_params(),
             hop_log=valka_settings.DISPATCH_HOP_LOG,
+            held_queues=frozenset(valka_settings.DISPATCH_HELD_QUEUES),
         )
 
 
@@ -116,7 +118,10 @@ class DispatcherNode:
                                       claimer=self.claimer,
                                       settings=HandlerSettings(node_id=s.node_id, retry_params=s.retry_params,
                                                                run_log_max_lines=s.run_log_max_lines,
-                                                               run_log_max_bytes=s.run_log_max_bytes))
+                                                               run_log_max_bytes=s.run_log_max_bytes,
+                                                               held_queues=s.held_queues))
+        if s.held_queues:
+            self.writer.written = self.handler.results_written
         self.sweep = Sweep(pool=self.pool, sessions=self.sessions, relay=self.relay, interval=s.sweep_interval,
                            unsend=self.writer.unsend, node_id=s.node_id, offered=lambda: self.offers.ever,
                            starting=lambda: self.writer.starting)

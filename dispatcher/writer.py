@@ -86,6 +86,9 @@ class Writer:
         self._bytes = 0  # what the buffer holds, as `_size` counts it
         self.room = asyncio.Event()  # set while the buffer is under its bound
         self.room.set()
+        # Told the results each pass has committed, when something waits for that (the slots of
+        # held queues: dispatcher.handler.SessionHandler.results_written).
+        self.written: Callable[[list[Result]], None] | None = None
 
     # -- producers (called from stream handlers; never block) --
     def start(self, entry: InFlight, worker_id: str) -> None:
@@ -282,6 +285,8 @@ class Writer:
         self._count(-(ITEM * len(starts) + sum(_size(r) for r in results) + sum(_size(line) for line in lines)
                       + HEARTBEAT_ITEM * len(beats) + ITEM * len(acks)))
         self._settle_starts(starts, started)
+        if self.written is not None and results:
+            self.written(results)
         if taken:  # marked DELIVERED in this pass: sent only now that it has committed
             await self.relay.send_taken(taken)
         if self._results or self._logs:

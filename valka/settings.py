@@ -169,6 +169,10 @@ VALKA = {
     # notification was lost (seconds); also done whenever its LISTEN connection comes back.
     "DISPATCH_SWEEP_INTERVAL": env.float("VALKA_DISPATCH_SWEEP_INTERVAL", default=5.0),
     "DISPATCH_HOP_LOG": env.str("VALKA_DISPATCH_HOP_LOG", default=""),
+    # Queues whose results free their worker's slot only once their ends are written, as under a
+    # max_running at the workers' slots but with nothing counted: the bound `make bench` holds the
+    # capped drain to (docs/queues.md). A measuring instrument, not a control: empty in production.
+    "DISPATCH_HELD_QUEUES": env.list("VALKA_DISPATCH_HELD_QUEUES", default=[]),
     # A run's log is kept up to this many lines and bytes; the rest is dropped, and one line says how much.
     "RUN_LOG_MAX_LINES": env.int("VALKA_RUN_LOG_MAX_LINES", default=10_000),
     # What a dispatcher buffers for the database (results, logs) before it stops claiming and

@@ -42,9 +42,11 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
     stack = BenchStack(database_url(), tmp_path)
     try:
         hop_log = tmp_path / "hops.jsonl"
-        dispatcher, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log))
+        dispatcher, addr = stack.dispatcher(VALKA_DISPATCH_HOP_LOG=str(hop_log),
+                                            VALKA_DISPATCH_HELD_QUEUES=drain.HELD_QUEUE)
         workers = stack.workers(addr, count=1, concurrency=8,
-                                queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE])
+                                queues=[drain.DRAIN_QUEUE, drain.LATENCY_QUEUE, drain.CAPPED_QUEUE, drain.KEYED_QUEUE,
+                                        drain.HELD_QUEUE])
         with floor_table():  # the raw-SQL floor in turns too
             beside = drain.drain_in_turns(database_url(), n=50, rounds=2, concurrency=8, floor_url=database_url(),
                                           processes={"dispatcher": [dispatcher.pid],
@@ -66,17 +68,22 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
                                       processes={"dispatcher": [dispatcher.pid], "worker": [w.pid for w in workers]})
         assert controlled["max_running"]["n"] == 30 and controlled["max_running"]["max_running"] == 8
         assert controlled["keys"]["n"] == 30 and controlled["keys"]["max_running_per_key"] == 1
+        assert controlled["held"]["n"] == 30
         # Each has its unlimited drain beside it, and is compared with that.
         unlimited = controlled["unlimited"]
         assert unlimited["n"] == 30 and unlimited["min_per_s"] <= unlimited["rate_per_s"] <= unlimited["max_per_s"]
-        for side in ("max_running", "keys"):
+        for side in ("max_running", "keys", "held"):
             assert controlled[side]["ratio"] == controlled[side]["rate_per_s"] / unlimited["rate_per_s"]
-        for side in ("unlimited", "max_running", "keys"):
+        # The capped drain is also held to its bound, the drain whose slots free once ends are written.
+        capped_to_bound = controlled["max_running"]["rate_per_s"] / controlled["held"]["rate_per_s"]
+        assert controlled["max_running"]["ratio_to_held"] == capped_to_bound
+        for side in ("unlimited", "max_running", "keys", "held"):
             assert set(controlled[side]["cpu_us_per_task"]) == set(spent)  # by process, as the drain's
         shown = report.table({"valka": {"controls": controlled}})
         assert f"|   ÷ the unlimited drain beside it | ratio | ≥ 0.90 | {controlled['max_running']['ratio']:.2f} |" \
             in shown
         assert "|   CPU per task: all, max_running | µs CPU |" in shown
+        assert f"|   max_running ÷ this bound | ratio |  | {capped_to_bound:.2f} |" in shown
         # A limited claim's cost with none and with some of its queue's tasks running; nothing left behind.
         cost = limited_claim.measure(database_url(), running=200)
         assert cost["running"] == 200 and cost["none_running_ms"] > 0 and cost["running_ms"] > 0

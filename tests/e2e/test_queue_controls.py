@@ -1,6 +1,7 @@
 """Queue controls against real dispatchers and SDK workers: max_running held through a drain across
 two dispatchers, a rate limit counted from the runs, a pause mid-drain and one that ends by itself,
-keys taking turns, and limits changed (set, raised, lowered, removed) while a drain runs."""
+keys taking turns, and limits changed (set, raised, lowered, removed) while a drain runs; and the
+capped drain's bound that `make bench` measures, a queue whose slots free once ends are written."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ from tests.helpers import database_url, db_now, wait_for
 
 
 class Sampler:
-    """Counts a queue's tasks DISPATCHING or RUNNING every 50 ms, on a connection of its own."""
+    """Counts a queue's tasks DISPATCHING or RUNNING every `every` seconds, on a connection of its own."""
 
-    def __init__(self, queue: str) -> None:
+    def __init__(self, queue: str, every: float = 0.05) -> None:
         self.queue = queue
+        self.every = every
         self.samples: list[tuple[float, int]] = []  # (time.monotonic(), count)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -33,7 +35,7 @@ class Sampler:
                 (n,) = conn.execute("SELECT count(*) FROM tasks WHERE queue = %s AND status IN "
                                     "('DISPATCHING', 'RUNNING')", [self.queue]).fetchone()
                 self.samples.append((time.monotonic(), n))
-                self._stop.wait(0.05)
+                self._stop.wait(self.every)
 
     def stop(self) -> list[tuple[float, int]]:
         self._stop.set()
@@ -213,3 +215,24 @@ def test_limits_set_on_an_unlimited_queue_while_draining_and_removed_take_effect
     assert 0 < busiest <= 5, f"{busiest} starts in one second under rate_limit 5"
     assert sampler.most(since=freed + 1) > 5, "no limit again within a second of its removal"
     assert Task.objects.filter(queue="switched", status="PENDING").exists(), "still draining when measured"
+
+
+def test_a_held_queue_never_has_more_tasks_running_than_its_workers_slots(stack):
+    """VALKA_DISPATCH_HELD_QUEUES: a result frees its slot once its end is written, so the database
+    never holds more of the queue's tasks DISPATCHING or RUNNING than the workers have slots, with no
+    limit set. A queue not held, drained the same way beside it, runs past its slots: new tasks
+    start while the ends of earlier ones wait in the dispatcher's writer."""
+    _, addr = stack.dispatcher(VALKA_DISPATCH_HELD_QUEUES="held")
+    stack.worker(addr, queues="held,free", concurrency=4, name="w")
+    wait_for(lambda: Worker.objects.filter(status="CONNECTED").count() == 1, what="the worker")
+    most = {}
+    for queue in ("held", "free"):
+        sampler = Sampler(queue, every=0.001)
+        for _ in range(2):
+            services.task_enqueue_many([{"task_name": "echo", "queue": queue}] * 1000)
+        _completed(queue, 2000, timeout=120)
+        sampler.stop()
+        most[queue] = sampler.most()
+    assert most["held"] == 4, most
+    assert most["free"] > 4, most
+    assert not Queue.objects.filter(name="held", max_running__isnull=False).exists()
