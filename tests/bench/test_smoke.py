@@ -60,8 +60,9 @@ def test_drain_and_latency_on_a_real_stack(tmp_path, quiet):
         spent = drained["cpu_us_per_task"]
         assert set(spent) == {"dispatcher", "worker", "postgres", "benchmark", "total"}
         assert spent["total"] > 0 and min(spent.values()) >= 0
+        # The floor's two processes spend under one clock tick on some rounds of 50: zero is a reading.
         assert set(grpc_floor["cpu_us_per_task"]) == {"server", "client", "total"}
-        assert grpc_floor["cpu_us_per_task"]["total"] > 0
+        assert min(grpc_floor["cpu_us_per_task"].values()) >= 0
         ratio = drained["rate_per_s"] / grpc_floor["rate_per_s"]
         assert f"|   ÷ the gRPC floor, 1 worker | ratio | ≥ 0.80 | {ratio:.2f} |" in report.table({"valka": beside})
         controlled = drain.controlled(database_url(), n=30, rounds=1, slots=8,
