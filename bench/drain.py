@@ -5,10 +5,11 @@ then the time until the last of them is COMPLETED: max(finished_at) minus the
 moment the commit returned. The same drain runs on queues with controls, in
 turns with the unlimited one: one whose max_running is the workers' slots, and
 one whose tasks have 100 concurrency keys under max_running_per_key
-(`controlled`), and the bound of the first: an unlimited queue whose results free
-their slots only once their ends are written. Latency: idle workers, `stamp` tasks enqueued one by one through
-the in-process API at a steady pace; the handler's start time (in the task's
-output) minus the moment `enqueue` returned.
+(`controlled`); and on the first one's bound, a queue without limits whose
+results free their slots only once their ends are written. Latency: idle
+workers, `stamp` tasks enqueued one by one through the in-process API at a
+steady pace; the handler's start time (in the task's output) minus the moment
+`enqueue` returned.
 
 These run in a Django-configured process (the benchmark's, or the smoke test's).
 """
@@ -144,7 +145,7 @@ def controlled(database_url: str, *, n: int, rounds: int, slots: int,
     than the slots), with nothing counted. The capped drain's ratio to it is the cost of the
     limit's own work; its ratio to the unlimited drain, what the constraint leaves.
 
-    The rounds take turns with the unlimited drain (unlimited, capped, keyed, then again), and
+    The rounds take turns with the unlimited drain (unlimited, capped, keyed, bound, then again), and
     each is compared with the unlimited rounds beside it: the machine's speed drifts over the
     minutes between separate runs, and a ratio of figures taken apart would measure the drift.
     Each side also answers the CPU its `processes`, PostgreSQL and this process spent per task
