@@ -64,9 +64,6 @@ class SessionHandler:
         self.accepting = True  # False once the node stops: new streams are refused
         self.handing_over = False  # True once the node stops: a closing session keeps its runs RUNNING
         self.open_streams = 0  # stream handlers still running (their cleanup included)
-        # Runs of held queues whose result came back, their end not yet written: their sessions,
-        # which keep the slot until then (`results_written`), by run id.
-        self._held: dict[str, WorkerSession] = {}
 
     async def open_session(self, hello: pb.WorkerHello) -> WorkerSession:
         """Record the worker CONNECTED to this node.
@@ -134,7 +131,7 @@ class SessionHandler:
         self.sessions.discard(session)
         session.close()
         # A held run whose result came back is the writer's to end, not lost.
-        entries = [e for e in session.in_flight.values() if self._held.pop(e.run_id, None) is None]
+        entries = [e for e in session.in_flight.values() if not e.ended]
         session.in_flight.clear()
         session.by_run.clear()
         unsent = [e.task_id for e in entries if not e.sent]
@@ -185,8 +182,8 @@ class SessionHandler:
         entry = session.release(result.task_run_id)
         if entry is not None:  # a run id this node made: no need to check its form
             if entry.queue in self.settings.held_queues:
+                entry.ended = True
                 session.reserve(entry)  # its slot frees once the end is written (results_written)
-                self._held[entry.run_id] = session
             else:
                 self.claimer.freed(entry.queue)
             if entry.dropped_lines:
@@ -202,9 +199,13 @@ class SessionHandler:
     def results_written(self, results: list[protocol.Result]) -> None:
         """The writer committed these results' ends: the slots of held queues' runs free now."""
         for result in results:
-            session = self._held.pop(result.run_id, None)
-            entry = session.release(result.run_id) if session is not None else None
-            if entry is not None:
+            entry = result.gate
+            if entry is None or not entry.ended:
+                continue
+            session = self.sessions.get(result.worker_id)
+            # Only the session that held it back: a reconnect may have carried the run into a new one.
+            if session is not None and session.by_run.get(entry.run_id) is entry:
+                session.release(entry.run_id)
                 self.claimer.slot_freed(entry.queue)
 
     def on_heartbeat(self, session: WorkerSession, beat: pb.Heartbeat) -> None:

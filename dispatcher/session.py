@@ -25,6 +25,9 @@ class InFlight:
     attempt: int
     sent: bool = False
     cancel_sent: bool = False
+    # Its result came back on a held queue: it keeps its slot until the writer has written its end
+    # (dispatcher.handler.SessionHandler.results_written).
+    ended: bool = False
     # Resolved by the writer once DISPATCHING → RUNNING is committed (True) or lost its race (False).
     started: asyncio.Future[bool] = field(default_factory=lambda: asyncio.get_running_loop().create_future())
     assigned_at: float = field(default_factory=time.monotonic)
