@@ -227,10 +227,9 @@ def test_a_held_queue_never_has_more_tasks_running_than_its_workers_slots(stack)
     wait_for(lambda: Worker.objects.filter(status="CONNECTED").count() == 1, what="the worker")
     most = {}
     for queue in ("held", "free"):
-        sampler = Sampler(queue, every=0.001)
-        for _ in range(2):
-            services.task_enqueue_many([{"task_name": "echo", "queue": queue}] * 1000)
-        _completed(queue, 2000, timeout=120)
+        sampler = Sampler(queue, every=0.002)
+        services.task_enqueue_many([{"task_name": "echo", "queue": queue}] * 1000)
+        _completed(queue, 1000, timeout=120)
         sampler.stop()
         most[queue] = sampler.most()
     assert most["held"] == 4, most
