@@ -90,6 +90,7 @@ def served(*calls: tuple[Request, dict[str, Any]], app: Any = None) -> None:
         inbox.put_nowait({"type": "lifespan.startup"})
         lifespan = asyncio.create_task(app({"type": "lifespan"}, inbox.get, send))
         await asyncio.wait_for(started.wait(), 10)
+        LIVE_KEYS.listen()  # what the first look-up would do; here before the calls, so that they find it up
         for _ in range(1000):  # keys are remembered only while their changes are heard
             if LIVE_KEYS.listening:
                 break

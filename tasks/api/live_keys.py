@@ -8,13 +8,19 @@ when the key changes: a trigger (tasks/sql/schema/api_keys.sql) sends the key's 
 API_KEY_CHANGED when it is revoked, given another scope, name or hash, or deleted ('*' when the
 table is truncated), and a thread of the process LISTENs for that on a connection of its own.
 
+That connection is open only while keys are looked up: the first look-up after `start` opens it,
+and it closes `linger` seconds after the last one. PostgreSQL wakes every session that LISTENs in
+a database at every NOTIFY sent there, whatever its channel: an idle listener would cost each new
+task's commit a process to wake on a busy core (docs/performance.md, "Latency: waking processes").
+
 Nothing is remembered while nothing listens: before `start`, until its LISTEN is in place, while
-its connection is lost (all is forgotten then, as what was sent meanwhile is lost), and behind a
-transaction pooler, through which a LISTEN hears nothing: every look-up then reads the table, as
-without this module. A look-up that a notification overtook is not remembered (`_generation`),
-so a key revoked while it was being read is not kept. A revoked key is refused from the moment
-its notification reaches the process, milliseconds after the revocation commits; and an entry is
-read again after `max_age` seconds whatever happens, the bound should a connection die unheard.
+its connection is lost (all is forgotten then, as what was sent meanwhile is lost), once it has
+closed for want of look-ups, and behind a transaction pooler, through which a LISTEN hears
+nothing: every look-up then reads the table, as without this module. A look-up that a
+notification overtook is not remembered (`_generation`), so a key revoked while it was being read
+is not kept. A revoked key is refused from the moment its notification reaches the process,
+milliseconds after the revocation commits; and an entry is read again after `max_age` seconds
+whatever happens, the bound should a connection die unheard.
 
 The thread runs the processes' common LISTEN loop (valka.listen.Listener) on an event loop of its
 own: it serves a web process's threads, whichever loop they run on.
@@ -41,18 +47,24 @@ if TYPE_CHECKING:
 log = logging.getLogger("valka.live_keys")
 
 MAX_AGE = 60.0  # seconds an entry is trusted without a word from PostgreSQL
+LINGER = 60.0  # seconds the LISTEN connection stays open after the last look-up
 WAIT = 5.0  # seconds `stop` waits for the listener's thread to end
 
 
 class LiveKeys:
-    """Live keys by hash, for the threads of one process (`get`), kept by a listener thread (`start`)."""
+    """Live keys by hash, for the threads of one process (`get`), kept by a listener thread that
+    the look-ups open once `start` allows it."""
 
-    def __init__(self, *, max_age: float = MAX_AGE) -> None:
+    def __init__(self, *, max_age: float = MAX_AGE, linger: float = LINGER) -> None:
         self.max_age = max_age
+        self.linger = linger
         self._keys: dict[str, tuple[ApiKey, float]] = {}
         self._lock = threading.Lock()
         self._generation = 0  # counts the changes heard and the listener's comings and goings
         self._listening = False
+        self._conninfo: Callable[[], str] | None = None  # set by `start`: the listener may open
+        self._pooled = False  # the connection leads through a transaction pooler: never listen
+        self._used = 0.0  # when a key was last looked up (time.monotonic)
         self._stop = threading.Event()
         self._wake: Callable[[], None] | None = None  # ends the listener's loop from another thread
         self._thread: threading.Thread | None = None
@@ -64,9 +76,10 @@ class LiveKeys:
     def remembered(self, key_hash: str) -> ApiKey | None:
         """The live key with this hash if this process remembers it, else None: no look-up, for a
         caller that must not wait on the database (the REST create on the event loop)."""
+        self._used = now = time.monotonic()
         if self._listening:
             entry = self._keys.get(key_hash)
-            if entry is not None and time.monotonic() - entry[1] < self.max_age:
+            if entry is not None and now - entry[1] < self.max_age:
                 return entry[0]
         return None
 
@@ -75,6 +88,8 @@ class LiveKeys:
         record = self.remembered(key_hash)
         if record is not None:
             return record
+        if not self._listening:
+            self.listen()
         generation, began = self._generation, time.monotonic()
         record = load(key_hash)
         if record is not None:
@@ -84,16 +99,25 @@ class LiveKeys:
         return record
 
     def start(self, conninfo: Callable[[], str]) -> None:
-        """Start listening, in a daemon thread, on a connection to `conninfo()` (once per process)."""
+        """Let this process listen, on a connection to `conninfo()`, from the next look-up on."""
         with self._lock:
-            if self._thread is not None and self._thread.is_alive():
-                return
+            self._conninfo = conninfo
             self._stop.clear()
-            self._thread = threading.Thread(target=self._run, args=(conninfo,), name="valka-live-keys", daemon=True)
+
+    def listen(self) -> None:
+        """Open the listener now (in a daemon thread) if `start` allows it and none is open: what a
+        look-up of a key not remembered does."""
+        with self._lock:
+            if (self._conninfo is None or self._pooled or self._stop.is_set()
+                    or (self._thread is not None and self._thread.is_alive())):
+                return
+            self._used = time.monotonic()
+            self._thread = threading.Thread(target=self._run, args=(self._conninfo,), name="valka-live-keys",
+                                            daemon=True)
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop listening and forget every key (waits up to WAIT seconds for the thread to end)."""
+        """Stop listening for good and forget every key (waits up to WAIT seconds for the thread to end)."""
         self._stop.set()
         if (wake := self._wake) is not None:
             with contextlib.suppress(RuntimeError):  # its loop closed meanwhile: the thread is ending
@@ -122,6 +146,7 @@ class LiveKeys:
 
         dsn = conninfo()
         if asyncio.run(transaction_pooler(dsn)):
+            self._pooled = True
             log.warning("the LISTEN connection for API keys leads through a transaction pooler: keys are looked up "
                         "on every call (set VALKA_DIRECT_DATABASE_URL to reach PostgreSQL itself)")
             return
@@ -141,8 +166,23 @@ class LiveKeys:
         async def connected(_conn: psycopg.AsyncConnection) -> None:
             self._set_listening(True)
 
-        await Listener(dsn, {API_KEY_CHANGED: self.changed}, on_reconnect=lambda: None, on_connect=connected,
-                       on_lost=lambda: self._set_listening(False), logger=log).run(stop)
+        idle = asyncio.create_task(self._close_when_idle(stop))
+        try:
+            await Listener(dsn, {API_KEY_CHANGED: self.changed}, on_reconnect=lambda: None, on_connect=connected,
+                           on_lost=lambda: self._set_listening(False), logger=log).run(stop)
+        finally:
+            idle.cancel()
+
+    async def _close_when_idle(self, stop: asyncio.Event) -> None:
+        """End the listener `linger` seconds after the last look-up, forgetting every key first, so
+        that nothing is remembered past the moment the connection stops hearing."""
+        while (idle := time.monotonic() - self._used) < self.linger:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.linger - idle)
+            if stop.is_set():
+                return
+        self._set_listening(False)
+        stop.set()
 
 
 LIVE_KEYS = LiveKeys()

@@ -181,6 +181,7 @@ def test_the_web_app_remembers_no_key_through_a_pooler(pooler, caplog):
     keys = LiveKeys()
     with caplog.at_level(logging.WARNING, logger="valka.live_keys"):
         keys.start(lambda: pooler.url)
+        keys.listen()
         wait_for(lambda: "leads through a transaction pooler" in caplog.text, 10, what="the warning")
         keys.stop()
     assert not keys.listening
@@ -223,14 +224,21 @@ def test_the_stack_runs_through_a_pooler_with_a_direct_url_beside_it(pooler, tmp
         scheduler = stack.scheduler(VALKA_SCHEDULER_MAX_SLEEP="0.2")
         web = stack.web()
         stack.worker(addr, queues="pooled")
-        with Client(web) as client:  # the web app's writes go through the pooler
+        _, key = api_key_create(name="pooled")
+        with Client(web, api_key=key) as client:  # the web app's writes go through the pooler
             created = client.create_task("echo", queue="pooled", input={"through": "pooler"})
         task = wait_status(created["id"], "COMPLETED")
         assert task.output["echo"] == {"through": "pooler"}
         wait_for(lambda: "leader now" in scheduler.log_path.read_text(), 30, what="the scheduler leading")  # type: ignore[attr-defined]
-        with connection.cursor() as cur:
-            cur.execute("SELECT application_name FROM pg_stat_activity WHERE datname = current_database()")
-            names = [row[0] for row in cur.fetchall()]
+
+        def sessions() -> list[str]:
+            with connection.cursor() as cur:
+                cur.execute("SELECT application_name FROM pg_stat_activity WHERE datname = current_database()")
+                return [row[0] for row in cur.fetchall()]
+
+        # The key's look-up opened the web app's LISTEN for key changes (tasks.api.live_keys).
+        wait_for(lambda: "valka-web api keys" in sessions(), 10, what="the web app's LISTEN for keys")
+        names = sessions()
         # The sessions that need one are PostgreSQL's own; the rest came through the pooler.
         for kind in ("valka-dispatcher-listen ", "valka-dispatcher-claim ", "valka-scheduler ", "valka-web api keys"):
             assert any(name.startswith(kind) and (kind != "valka-scheduler " or name.endswith(" leader"))

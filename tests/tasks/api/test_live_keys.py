@@ -39,6 +39,7 @@ class Reads:
 def keys():
     remembered = LiveKeys()
     remembered.start(lambda: conninfo(application_name="valka-test live keys", direct=True))
+    remembered.listen()
     wait_for(lambda: remembered.listening, 10, what="the LISTEN")
     yield remembered
     remembered.stop()
@@ -160,6 +161,7 @@ def test_an_entry_is_read_again_after_its_age():
     record, _ = auth.api_key_create(name="svc")
     keys = LiveKeys(max_age=0.2)
     keys.start(lambda: conninfo(application_name="valka-test live keys", direct=True))
+    keys.listen()
     try:
         wait_for(lambda: keys.listening, 10, what="the LISTEN")
         reads = Reads()
@@ -171,6 +173,38 @@ def test_an_entry_is_read_again_after_its_age():
         assert reads.calls == 2
     finally:
         keys.stop()
+
+
+def test_the_listen_opens_at_the_first_look_up_and_closes_when_keys_go_unused():
+    """PostgreSQL wakes every listening session of the database at each NOTIFY: a process whose
+    keys nobody looks up holds no LISTEN. A key looked up opens it; `linger` seconds without a
+    look-up close it, and every key is forgotten then; the next look-up opens it again."""
+    record, _ = auth.api_key_create(name="svc")
+    keys = LiveKeys(linger=0.5)
+    keys.start(lambda: conninfo(application_name="valka-test live keys", direct=True))
+    try:
+        time.sleep(0.3)
+        assert not keys.listening and not listening("valka-test live keys")
+        reads = Reads()
+        keys.get(record.key_hash, reads)  # read from the table: nothing was listening
+        wait_for(lambda: listening("valka-test live keys"), 10, what="the LISTEN opened by the look-up")
+        wait_for(lambda: keys.listening, 5, what="the LISTEN noted")
+        for _ in range(4):  # looked up more often than `linger`: it stays open, the key remembered
+            assert keys.get(record.key_hash, reads) is not None
+            time.sleep(0.2)
+        assert keys.listening
+        remembered = reads.calls
+        wait_for(lambda: not keys.listening, 5, what="the LISTEN closed for want of look-ups")
+        wait_for(lambda: not listening("valka-test live keys"), 5, what="its connection gone")
+        keys.get(record.key_hash, reads)
+        assert reads.calls == remembered + 1  # forgotten with the LISTEN
+        wait_for(lambda: keys.listening, 10, what="the LISTEN opened again")
+    finally:
+        keys.stop()
+    assert not keys.listening
+    keys.get(record.key_hash, Reads())  # once stopped, a look-up opens nothing
+    time.sleep(0.3)
+    assert not keys.listening and not listening("valka-test live keys")
 
 
 def listening(application_name: str) -> bool:
@@ -187,7 +221,6 @@ def test_the_web_app_refuses_a_key_as_soon_as_it_is_revoked(stack):
     web = stack.web(VALKA_API_ANONYMOUS="false")
     record, key = auth.api_key_create(name="svc")
 
-    wait_for(lambda: listening("valka-web api keys"), 10, what="the web app's LISTEN")  # the lifespan started it
     answers: list[tuple[float, int]] = []
     stop = threading.Event()
 
@@ -202,6 +235,8 @@ def test_the_web_app_refuses_a_key_as_soon_as_it_is_revoked(stack):
         caller.start()
     try:
         wait_for(lambda: sum(status == 201 for _, status in answers) >= 20, 20, what="creates with the key")
+        # The first look-up opened the LISTEN (tasks.api.live_keys): the revocation comes once it hears.
+        wait_for(lambda: listening("valka-web api keys"), 10, what="the web app's LISTEN")
         ApiKey.objects.filter(pk=record.pk).update(revoked=True)
         revoked = time.monotonic()
         wait_for(lambda: any(at > revoked and status == 401 for at, status in answers), 5, what="a 401")
@@ -224,9 +259,11 @@ def test_the_dispatcher_refuses_a_key_as_soon_as_it_is_revoked(stack):
     _, addr = stack.dispatcher(VALKA_API_ANONYMOUS="false")
     record, key = auth.api_key_create(name="grpc")
     request = api_pb2.CreateTaskRequest(queue_name="revoked", task_name="t")
-    wait_for(lambda: listening("valka-dispatcher api keys"), 10, what="the dispatcher's LISTEN")
+    assert not listening("valka-dispatcher api keys")  # no look-up yet, so no LISTEN
     with grpc.insecure_channel(addr) as channel:
         api = api_pb2_grpc.ApiServiceStub(channel)
+        api.CreateTask(request, metadata=(("authorization", f"Bearer {key}"),))
+        wait_for(lambda: listening("valka-dispatcher api keys"), 10, what="the dispatcher's LISTEN")
         for _ in range(3):
             api.CreateTask(request, metadata=(("authorization", f"Bearer {key}"),))
         ApiKey.objects.filter(pk=record.pk).update(revoked=True)
