@@ -117,7 +117,8 @@ class LiveKeys:
             self._thread.start()
 
     def stop(self) -> None:
-        """Stop listening for good and forget every key (waits up to WAIT seconds for the thread to end)."""
+        """Stop listening until `start` again and forget every key (waits up to WAIT seconds for the
+        thread to end)."""
         self._stop.set()
         if (wake := self._wake) is not None:
             with contextlib.suppress(RuntimeError):  # its loop closed meanwhile: the thread is ending
