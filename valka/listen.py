@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncGenerator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 
 import psycopg
 
@@ -54,10 +54,7 @@ class Listener:
                         self.log.info("LISTEN connection restored")
                     self.on_reconnect()
                     first, backoff = False, 0.2
-                    gen = conn.notifies()
-                    # One task reads the notifications for as long as the connection lives (a task
-                    # per notification cost a dispatcher a tenth of a millisecond on each new task).
-                    reader = asyncio.ensure_future(self._read(gen))
+                    reader = asyncio.ensure_future(self._read(conn))
                     stopper = asyncio.ensure_future(stop.wait())
                     try:
                         await asyncio.wait({reader, stopper}, return_when=asyncio.FIRST_COMPLETED)
@@ -66,9 +63,7 @@ class Listener:
                             raise StopAsyncIteration
                         reader.cancel()
                         if self.on_stop is not None:
-                            # The generator holds the connection until it is closed.
-                            await asyncio.wait({reader})
-                            await gen.aclose()
+                            await asyncio.wait({reader})  # it stops reading the socket first
                             with contextlib.suppress(psycopg.Error, OSError):
                                 await self.on_stop(conn)
                         return
@@ -87,8 +82,36 @@ class Listener:
                     pass
                 backoff = next_retry_wait(backoff)
 
-    async def _read(self, gen: AsyncGenerator[psycopg.Notify]) -> None:
-        async for note in gen:
-            handler = self.handlers.get(note.channel)
-            if handler is not None:
-                handler(note.payload)
+    async def _read(self, conn: psycopg.AsyncConnection) -> None:
+        """Hand each notification to its channel's handler for as long as the connection lives;
+        raises when it is lost.
+
+        The event loop calls back when the socket has data, and libpq's own calls take the
+        notifications off it. psycopg's `notifies()` generator, which this replaces, cost a
+        dispatcher about a tenth of a millisecond of CPU per notification (a wait set up and torn
+        down around each one), and every dispatcher of a database hears every new task's NOTIFY,
+        those of queues it does not serve included: that CPU came out of the producers' share of
+        the cores (docs/performance.md, "Listening")."""
+        pgconn, encoding = conn.pgconn, conn.info.encoding
+        loop = asyncio.get_running_loop()
+        lost: asyncio.Future[None] = loop.create_future()
+
+        def readable() -> None:
+            try:
+                pgconn.consume_input()
+                while (note := pgconn.notifies()) is not None:
+                    handler = self.handlers.get(note.relname.decode(encoding))
+                    if handler is not None:
+                        handler(note.extra.decode(encoding))
+            except Exception as exc:  # the connection is lost (psycopg.OperationalError), or a handler failed
+                if not lost.done():
+                    lost.set_exception(exc)
+
+        fd = pgconn.socket  # libpq closes it when the connection is lost: kept to stop watching it
+        loop.add_reader(fd, readable)
+        try:
+            readable()  # what came while the LISTENs ran
+            await lost
+        finally:
+            with contextlib.suppress(OSError, ValueError):
+                loop.remove_reader(fd)
