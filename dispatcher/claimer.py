@@ -189,10 +189,20 @@ class Claimer:
         would: the queue's last full claim came back short, so nothing else of it was due, and there
         is a free slot for each task named. Otherwise the queue gets a full claim. Every other
         wake-up (a retry, a due task, a task put back, a freed slot, the poll) is a full claim too,
-        which finds what was not named."""
+        which finds what was not named.
+
+        Every dispatcher of the database hears every queue's tasks. One of a queue that no open
+        session here takes stops at once, without waking the claim loop: the session that opens
+        for it claims its tasks then (SessionHandler.open_session wakes its queues). Waking the
+        loop for each such task took about 0.1 ms of CPU, on the cores the producers share."""
         queue, space, task_id = payload.rpartition(" ")
-        if not space or len(task_id) != 36:  # a queue alone (a task id is 36 characters)
-            self.wake(payload)
+        named = bool(space) and len(task_id) == 36  # else a queue alone (a task id is 36 characters)
+        if not named:
+            queue = payload
+        if not self.sessions.serves(queue):
+            return
+        if not named:
+            self.wake(queue)
             return
         self._ids.setdefault(queue, []).append(task_id)
         if self.hops is not None:

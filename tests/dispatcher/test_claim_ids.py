@@ -126,10 +126,25 @@ def test_more_named_tasks_than_free_slots_are_claimed_by_priority():
 
 
 def test_the_notify_payload_names_the_queue_and_maybe_the_task():
-    claimer = _claimer(Slots(1))
-    claimer.ready("emails")
-    claimer.ready("emails 01a23363-b5f3-72f3-9256-52a2c9d665ca")
-    claimer.ready("reports 01a23363-b5f3-72f3-9256-52a2c9d665cb")
-    assert claimer._queues == {"emails"}
-    assert claimer._ids == {"emails": ["01a23363-b5f3-72f3-9256-52a2c9d665ca"],
-                            "reports": ["01a23363-b5f3-72f3-9256-52a2c9d665cb"]}
+    claimer = _claimer(Slots(1))  # its session takes "q" and "floor"
+    claimer.ready("q")
+    claimer.ready("q 01a23363-b5f3-72f3-9256-52a2c9d665ca")
+    claimer.ready("floor 01a23363-b5f3-72f3-9256-52a2c9d665cb")
+    assert claimer._queues == {"q"}
+    assert claimer._ids == {"q": ["01a23363-b5f3-72f3-9256-52a2c9d665ca"],
+                            "floor": ["01a23363-b5f3-72f3-9256-52a2c9d665cb"]}
+
+
+def test_a_queue_no_session_takes_does_not_wake_the_claims():
+    async def scenario():
+        slots = Slots(1)
+        claimer = _claimer(slots)
+        claimer.ready("emails")
+        claimer.ready("emails 01a23363-b5f3-72f3-9256-52a2c9d665ca")
+        assert not claimer._wake.is_set()
+        assert claimer._queues == set() and claimer._ids == {}
+        slots.taken = 1  # a session whose slots are all taken still takes its queue
+        claimer.ready("q 01a23363-b5f3-72f3-9256-52a2c9d665cb")
+        assert claimer._wake.is_set() and claimer._ids == {"q": ["01a23363-b5f3-72f3-9256-52a2c9d665cb"]}
+
+    asyncio.run(scenario())
