@@ -18,7 +18,7 @@ from django.db.models.base import ModelState
 from django.db.models.signals import post_init, pre_init
 from django.utils import timezone
 
-from tasks import selectors, tracing
+from tasks import offer_misses, selectors, tracing
 from tasks.errors import InvalidState, NotFound, ValidationError, ValkaError
 from tasks.models import DeadLetter, Queue, Task
 from tasks.prepared import fetchone_prepared
@@ -237,7 +237,9 @@ async def task_create_awaited(spec: TaskSpec,
     `task_create` finds the holder."""
     with tracing.enqueue([spec]) as span:
         params = _insert_params(spec, {})
-        row = await fetchone(producer.INSERT_TASK, params)
+        sql = offer_misses.statement(spec)
+        row = await fetchone(sql, params)
+        offer_misses.answered(sql, spec, row)
         if row is None:
             return None
         task = _task_inserted(params, spec, row, {})
@@ -258,9 +260,12 @@ def _insert_params(spec: TaskSpec, links: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def _insert_one(spec: TaskSpec, links: Mapping[str, Any]) -> Task | None:
-    """INSERT_TASK: the new task, or None when its key was taken."""
+    """INSERT_TASK (or INSERT_TASK_PENDING, tasks.offer_misses): the new task, or None when its key
+    was taken."""
     params = _insert_params(spec, links)
-    row = fetchone_prepared(producer.INSERT_TASK, params)
+    sql = offer_misses.statement(spec)
+    row = fetchone_prepared(sql, params)
+    offer_misses.answered(sql, spec, row)
     return None if row is None else _task_inserted(params, spec, row, links)
 
 

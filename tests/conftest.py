@@ -61,6 +61,15 @@ def django_db_setup(django_db_setup, django_db_blocker):
 
 # -- The REST API. --
 
+@pytest.fixture(autouse=True)
+def offers_looked_for_afresh():
+    """Each test's first single-task enqueue looks for an offered slot, whatever the test before
+    it enqueued a moment ago (tasks/offer_misses.py)."""
+    from tasks import offer_misses
+
+    offer_misses.forget()
+
+
 @pytest.fixture
 def anon_client():
     return APIClient()

@@ -66,6 +66,27 @@ SELECT ins.run_at, ins.created_at, ins.status, ins.claimed_by,
 FROM ins
 """
 
+# -- Insert one task PENDING, without looking for an offered slot. --
+# INSERT_TASK's answer, with what it does when it finds no slot, for a task that does not look
+# (tasks/offer_misses.py): a producer that just found none for the queue.
+INSERT_TASK_PENDING = f"""
+WITH ins AS (
+    INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count,
+                       timeout_seconds, idempotency_key, input, metadata, run_at,
+                       created_at, updated_at, replayed_from_task_id, replayed_from_dead_letter_id,
+                       concurrency_key)
+    VALUES (%(id)s, %(task_name)s, %(queue)s, 'PENDING', %(priority)s, %(max_retries)s, 0,
+            %(timeout_seconds)s, %(idempotency_key)s, %(input)s::jsonb, %(metadata)s::jsonb,
+            COALESCE(%(run_at)s, now()), now(), now(), %(replayed_from_task_id)s,
+            %(replayed_from_dead_letter_id)s, %(concurrency_key)s)
+    ON CONFLICT DO NOTHING
+    RETURNING id, queue, run_at, created_at
+)
+SELECT ins.run_at, ins.created_at, 'PENDING', NULL::text,
+       CASE WHEN ins.run_at <= now() THEN pg_notify('{TASK_READY}', ins.queue || ' ' || ins.id::text)::text END
+FROM ins
+"""
+
 # -- Insert a batch of tasks in one statement; ids or keys that exist already insert nothing. --
 # The batch travels as one JSON array of objects (ids made by the caller), unpacked by
 # jsonb_to_recordset: cheaper to send than one array per column, and one statement text for

@@ -20,6 +20,7 @@ from dispatcher.controls import Control, QueueControls
 from dispatcher.offers import OFFER_MAX, Offers
 from dispatcher.session import InFlight, SessionRegistry
 from dispatcher.sweep import HANDED_GRACE, Sweep
+from tasks import offer_misses
 from tasks.models import Queue, QueueOffer, Task
 from tasks.notify import TASK_READY, handoff_channel
 from tasks.scheduler.reaper import LeaseReaper
@@ -64,6 +65,25 @@ def test_a_task_inserted_while_a_slot_is_offered_is_handed_to_that_dispatcher(li
     assert ready.drain(1) == [f"q {later.id}"] and handed.drain(0) == []
 
 
+def test_just_after_a_miss_a_producer_does_not_look_for_a_slot_of_that_queue(listen, monkeypatch):
+    monkeypatch.setattr(offer_misses, "MISS_SECONDS", 0.5)
+    ready = listen(TASK_READY)
+    task_enqueue(task_name="t", queue="q")  # no slot offered: a miss
+    later = task_enqueue(task_name="t", queue="q", run_at="2999-01-01T00:00:00Z")
+    _offer(slots=2)
+    # Within the half second: inserted PENDING without a look, announced when due now.
+    quick = task_enqueue(task_name="t", queue="q")
+    assert quick.status == Task.objects.get(id=quick.id).status == "PENDING" and _slots() == 2
+    assert task_enqueue(task_name="t", queue="other").status == "PENDING"  # another queue looks
+    assert [p.split()[0] for p in ready.drain(3)] == ["q", "q", "other"]
+    assert ready.drain(0) == [] and Task.objects.get(id=later.id).status == "PENDING"
+    time.sleep(0.5)
+    assert task_enqueue(task_name="t", queue="q").status == "DISPATCHING" and _slots() == 1
+    # A task handed over leaves no miss behind: the next one looks, and finds the last slot.
+    assert task_enqueue(task_name="t", queue="q").status == "DISPATCHING" and _slots() == 0
+    assert ready.drain(0) == []
+
+
 @pytest.mark.parametrize("case", ["due later", "paused queue", "limited queue", "lapsed offer", "other queue"])
 def test_no_handoff_unless_the_task_is_due_and_its_queue_free_and_offered(case, listen):
     _offer(seconds=-1 if case == "lapsed offer" else 60)
@@ -81,6 +101,7 @@ def test_a_repeated_idempotency_key_takes_no_slot(listen):
     first = task_enqueue(task_name="t", queue="q", idempotency_key="once")  # before any offer
     _offer()
     handed = listen(CHANNEL)
+    offer_misses.forget()  # the first one's miss must not spare the second its look at the offer
     again = task_enqueue(task_name="t", queue="q", idempotency_key="once")
     assert again.id == first.id and again.status == "PENDING"
     assert _slots() == 2 and handed.drain(0) == []
