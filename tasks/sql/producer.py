@@ -66,15 +66,17 @@ SELECT ins.run_at, ins.created_at, ins.status, ins.claimed_by,
 FROM ins
 """
 
+# The columns a task inserted PENDING is given, by INSERT_TASK_PENDING and INSERT_TASKS.
+PENDING_COLUMNS = """id, task_name, queue, status, priority, max_retries, attempt_count, timeout_seconds,
+                       idempotency_key, input, metadata, run_at, created_at, updated_at,
+                       replayed_from_task_id, replayed_from_dead_letter_id, concurrency_key"""
+
 # -- Insert one task PENDING, without looking for an offered slot. --
 # INSERT_TASK's answer, with what it does when it finds no slot, for a task that does not look
 # (tasks/offer_misses.py): a producer that just found none for the queue.
 INSERT_TASK_PENDING = f"""
 WITH ins AS (
-    INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count,
-                       timeout_seconds, idempotency_key, input, metadata, run_at,
-                       created_at, updated_at, replayed_from_task_id, replayed_from_dead_letter_id,
-                       concurrency_key)
+    INSERT INTO tasks ({PENDING_COLUMNS})
     VALUES (%(id)s, %(task_name)s, %(queue)s, 'PENDING', %(priority)s, %(max_retries)s, 0,
             %(timeout_seconds)s, %(idempotency_key)s, %(input)s::jsonb, %(metadata)s::jsonb,
             COALESCE(%(run_at)s, now()), now(), now(), %(replayed_from_task_id)s,
@@ -98,10 +100,7 @@ FROM ins
 # and the due time of those that were given none.
 INSERT_TASKS = f"""
 WITH ins AS (
-    INSERT INTO tasks (id, task_name, queue, status, priority, max_retries, attempt_count,
-                       timeout_seconds, idempotency_key, input, metadata, run_at,
-                       created_at, updated_at, replayed_from_task_id, replayed_from_dead_letter_id,
-                       concurrency_key)
+    INSERT INTO tasks ({PENDING_COLUMNS})
     SELECT i.id, i.task_name, i.queue, 'PENDING', i.priority, i.max_retries, 0,
            i.timeout_seconds, i.idempotency_key, i.input, i.metadata,
            COALESCE(i.run_at, now()), now(), now(), i.replayed_from_task_id, i.replayed_from_dead_letter_id,
