@@ -87,11 +87,11 @@ class Listener:
         raises when it is lost.
 
         The event loop calls back when the socket has data, and libpq's own calls take the
-        notifications off it. psycopg's `notifies()` generator, which this replaces, cost a
-        dispatcher about a tenth of a millisecond of CPU per notification (a wait set up and torn
-        down around each one), and every dispatcher of a database hears every new task's NOTIFY,
-        those of queues it does not serve included: that CPU came out of the producers' share of
-        the cores (docs/performance.md, "Listening")."""
+        notifications off it. psycopg's `notifies()` generator, which this replaces, set up and
+        tore down a wait around each notification, and every dispatcher of a database hears every
+        new task's NOTIFY, those of queues it does not serve included: beside an idle dispatcher,
+        that cost a producer about 0.03 ms per task (docs/performance.md, "Enqueue, one task per
+        commit")."""
         pgconn, encoding = conn.pgconn, conn.info.encoding
         loop = asyncio.get_running_loop()
         lost: asyncio.Future[None] = loop.create_future()
