@@ -67,7 +67,8 @@ class LiveKeys:
         self._used = 0.0  # when a key was last looked up (time.monotonic)
         self._stop = threading.Event()
         self._wake: Callable[[], None] | None = None  # ends the listener's loop from another thread
-        self._thread: threading.Thread | None = None
+        self._thread: threading.Thread | None = None  # the listener's, until it has ended
+        self._again = False  # a look-up came while the listener was not listening: listen again
 
     @property
     def listening(self) -> bool:
@@ -108,10 +109,15 @@ class LiveKeys:
         """Open the listener now (in a daemon thread) if `start` allows it and none is open: what a
         look-up of a key not remembered does."""
         with self._lock:
-            if (self._conninfo is None or self._pooled or self._stop.is_set()
-                    or (self._thread is not None and self._thread.is_alive())):
+            if self._conninfo is None or self._pooled or self._stop.is_set():
                 return
             self._used = time.monotonic()
+            if self._thread is not None:
+                # Still connecting, or ending after `linger`: an ending one starts again rather
+                # than leave this look-up's key unheard until the next miss.
+                self._again = True
+                return
+            self._again = False
             self._thread = threading.Thread(target=self._run, args=(self._conninfo,), name="valka-live-keys",
                                             daemon=True)
             self._thread.start()
@@ -141,8 +147,18 @@ class LiveKeys:
             self._generation += 1
             self._keys.clear()
             self._listening = listening
+            if listening:
+                self._again = False
 
     def _run(self, conninfo: Callable[[], str]) -> None:
+        try:
+            self._listen_while_wanted(conninfo)
+        finally:
+            with self._lock:
+                if self._thread is threading.current_thread():  # it ended early (a pooler, an error)
+                    self._thread = None
+
+    def _listen_while_wanted(self, conninfo: Callable[[], str]) -> None:
         from valka.poolers import transaction_pooler
 
         dsn = conninfo()
@@ -151,11 +167,17 @@ class LiveKeys:
             log.warning("the LISTEN connection for API keys leads through a transaction pooler: keys are looked up "
                         "on every call (set VALKA_DIRECT_DATABASE_URL to reach PostgreSQL itself)")
             return
-        try:
-            asyncio.run(self._listen(dsn))
-        finally:
-            self._wake = None
-            self._set_listening(False)
+        while True:
+            try:
+                asyncio.run(self._listen(dsn))
+            finally:
+                self._wake = None
+                self._set_listening(False)
+            with self._lock:  # decided with `listen`'s lock held: no look-up slips in between
+                if not self._again or self._stop.is_set():
+                    self._thread = None
+                    return
+                self._again = False
 
     async def _listen(self, dsn: str) -> None:
         stop = asyncio.Event()
