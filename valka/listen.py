@@ -104,14 +104,22 @@ class Listener:
                     if handler is not None:
                         handler(note.extra.decode(encoding))
             except Exception as exc:  # the connection is lost (psycopg.OperationalError), or a handler failed
+                # At once: libpq may have closed the socket, and a connection opened later in this
+                # process may get its number, whose reader would be removed in its stead.
+                unwatch()
                 if not lost.done():
                     lost.set_exception(exc)
 
-        fd = pgconn.socket  # libpq closes it when the connection is lost: kept to stop watching it
+        fd = pgconn.socket  # kept: libpq closes the socket when the connection is lost
+
+        def unwatch() -> None:
+            with contextlib.suppress(OSError, ValueError):
+                loop.remove_reader(fd)
+
         loop.add_reader(fd, readable)
         try:
             readable()  # what came while the LISTENs ran
             await lost
         finally:
-            with contextlib.suppress(OSError, ValueError):
-                loop.remove_reader(fd)
+            if not lost.done():  # stopped or cancelled: the connection, and its socket, are still open
+                unwatch()
