@@ -199,7 +199,7 @@ class Claimer:
         named = bool(space) and len(task_id) == 36  # else a queue alone (a task id is 36 characters)
         if not named:
             queue = payload
-        if not self.sessions.serves(queue):
+        if not self.sessions.for_queue(queue):  # no open session takes it, busy or not
             return
         if not named:
             self.wake(queue)

@@ -136,10 +136,6 @@ class SessionRegistry:
         if self._by_worker.get(session.worker_id) is session:
             del self._by_worker[session.worker_id]
 
-    def serves(self, queue: str) -> bool:
-        """Whether an open session takes tasks of `queue` (busy or not)."""
-        return any(queue in s.queues and not s.closed for s in self._by_worker.values())
-
     def served_queues(self) -> set[str]:
         """The queues some session has a free slot for."""
         return {q for s in self._by_worker.values() if s.free_slots() > 0 for q in s.queues}
