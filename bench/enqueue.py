@@ -11,7 +11,7 @@ import json
 import statistics
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 import httpx
@@ -60,19 +60,24 @@ def in_process(count: int, threads: int = 1) -> dict[str, Any]:
     return _result(per_thread * threads, seconds, threads=threads)
 
 
-def in_process_in_turns(count: int, *, floor_url: str, database_url: str, rounds: int = 3) -> dict[str, Any]:
+def in_process_in_turns(count: int, *, floor_url: str, database_url: str, rounds: int = 3,
+                        peers: Mapping[str, Callable[[int], float]] | None = None) -> dict[str, Any]:
     """`in_process(count)` in turns with the two single-caller figures it is held to
     (bench/floor.py): the bare INSERT + commit in `floor_url`'s database, and the tasks table's own
-    INSERT + NOTIFY in `database_url`'s, round by round. Measured minutes apart, at the start and
-    the end of a run, their ratio measured the machine's drift as much as the code. Each figure
-    is the median of its rounds."""
+    INSERT + NOTIFY in `database_url`'s, round by round; and with each of `peers`' own enqueue
+    (name → a round's rate for `count` tasks), compared with Valka's in the same way. Measured
+    minutes apart, at the start and the end of a run, their ratio measured the machine's drift as
+    much as the code. Each figure is the median of its rounds."""
     from bench import floor
 
-    rates: dict[str, list[float]] = {"valka": [], "floor": [], "tasks_table": []}
+    peers = peers or {}
+    rates: dict[str, list[float]] = {"valka": [], "floor": [], "tasks_table": [], **{name: [] for name in peers}}
     for _ in range(rounds):
         rates["floor"].append(floor.enqueue_single(floor_url, count)["rate_per_s"])
         rates["tasks_table"].append(floor.enqueue_tasks_table(database_url, count)["rate_per_s"])
         rates["valka"].append(in_process(count)["rate_per_s"])
+        for name, enqueue in peers.items():
+            rates[name].append(enqueue(count))
     return {side: {"rate_per_s": statistics.median(figures), "rounds": figures, "count": count}
             for side, figures in rates.items()}
 

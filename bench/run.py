@@ -15,8 +15,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,9 @@ def setup_django(database_url: str) -> None:
     call_command("migrate", verbosity=0)
 
 
-def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
+def run_valka(opts: argparse.Namespace, stack: BenchStack, redis_url: str | None = None) -> dict[str, Any]:
+    """Valka's workloads on `stack`; with `redis_url` (bench-peers), Celery's single-caller enqueue
+    takes turns with Valka's."""
     from bench import django_tasks, drain, enqueue, floor, grpc_floor, limited_claim, memory, scale, schedules, tracing
     from tasks.api.auth import api_key_create
 
@@ -96,7 +99,9 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
         # The single caller in turns with the floors it is held to, which the floor section then
         # does not measure again.
         floor_url = create_database(url, "floor")
-        beside = enqueue.in_process_in_turns(opts.enqueue_count, floor_url=floor_url, database_url=url)
+        # With the peers, Celery's enqueue takes its turn too: apart, minutes later, it met another machine.
+        peers = {"celery": partial(celery_enqueue, redis_url)} if redis_url else None
+        beside = enqueue.in_process_in_turns(opts.enqueue_count, floor_url=floor_url, database_url=url, peers=peers)
         web_floor, web_floor_url = stack.web(processes=opts.web_processes, app="bench.web_floor:app",
                                              BENCH_FLOOR_URL=floor_url)
         rest = enqueue.rest_single_in_turns(web, key, opts.enqueue_count, floor_url=floor_url,
@@ -107,6 +112,7 @@ def run_valka(opts: argparse.Namespace, stack: BenchStack) -> dict[str, Any]:
                         "web_x8": rest["web_x8"]}
         out["enqueue"] = {
             "in_process_x1": beside["valka"],
+            **({"celery_in_turns": beside["celery"]} if redis_url else {}),
             "in_process_x8": enqueue.in_process(opts.enqueue_count * 2, threads=8),
             "rest_x8": rest["rest_x8"],
             "rest_batch": enqueue.rest_batch(web, key, opts.batches),
@@ -194,24 +200,31 @@ def redis_server(workdir: Path):
         proc.wait(10)
 
 
-def run_peers(opts: argparse.Namespace, database_url: str, workdir: Path) -> dict[str, Any]:
-    if not PEERS_PYTHON.exists():
-        raise SystemExit("the peers' virtualenv is missing: run `make bench-peers`")
+def _peers_env() -> dict[str, str]:
+    """The environment of a peer's process: none of Valka's settings."""
+    return {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "VALKA_")) and k != "DATABASE_URL"}
+
+
+def celery_enqueue(redis_url: str, count: int) -> float:
+    """One round of Celery's single-caller enqueue (tasks/s), in a process of the peers' virtualenv."""
+    proc = run_to_end([str(PEERS_PYTHON), "-m", "bench.peers.run", "celery-enqueue", "--redis-url", redis_url,
+                       "--enqueue-count", str(count)], cwd=ROOT, env=_peers_env())
+    return float(json.loads(proc.stdout.strip().splitlines()[-1])["rate_per_s"])
+
+
+def run_peers(opts: argparse.Namespace, database_url: str, redis_url: str) -> dict[str, Any]:
     common = ["--n", str(opts.n), "--rounds", str(opts.rounds), "--enqueue-count", str(opts.enqueue_count),
               "--batches", str(opts.batches), "--latency-count", str(opts.latency_count),
               "--latency-rate", str(opts.latency_rate), "--celery-concurrency", str(opts.celery_concurrency),
               "--procrastinate-concurrency", str(opts.procrastinate_concurrency)]
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("DJANGO_", "VALKA_")) and k != "DATABASE_URL"}
     out = {}
-    with redis_server(workdir) as redis_url:
-        for peer, extra in (("celery", ["--redis-url", redis_url]),
-                            ("procrastinate", ["--procrastinate-url", create_database(database_url,
-                                                                                       "procrastinate")]),
-                            ("django-tasks-db", ["--django-tasks-db-url", create_database(database_url,
-                                                                                           "django_tasks_db")])):
-            proc = run_to_end([str(PEERS_PYTHON), "-m", "bench.peers.run", peer, *common, *extra], cwd=ROOT,
-                              env=env)
-            out[peer] = json.loads(proc.stdout.strip().splitlines()[-1])
+    for peer, extra in (("celery", ["--redis-url", redis_url]),
+                        ("procrastinate", ["--procrastinate-url", create_database(database_url, "procrastinate")]),
+                        ("django-tasks-db", ["--django-tasks-db-url", create_database(database_url,
+                                                                                       "django_tasks_db")])):
+        proc = run_to_end([str(PEERS_PYTHON), "-m", "bench.peers.run", peer, *common, *extra], cwd=ROOT,
+                          env=_peers_env())
+        out[peer] = json.loads(proc.stdout.strip().splitlines()[-1])
     return out
 
 
@@ -229,20 +242,24 @@ def main(argv: list[str] | None = None) -> int:
     opts = options(argv)
     began = time.monotonic()
     results: dict[str, Any] = {"machine": machine()}
-    with tempfile.TemporaryDirectory(prefix="valka-bench-") as tmp, cluster(durable=True) as pg:
-        workdir = Path(tmp)
+    if opts.peers and not PEERS_PYTHON.exists():
+        raise SystemExit("the peers' virtualenv is missing: run `make bench-peers`")
+    with ExitStack() as running:
+        workdir = Path(running.enter_context(tempfile.TemporaryDirectory(prefix="valka-bench-")))
+        pg = running.enter_context(cluster(durable=True))
+        redis_url = running.enter_context(redis_server(workdir)) if opts.peers else None
         results["machine"]["postgres"] = "fsync on, synchronous_commit on (devdb.Cluster durable)"
         setup_django(pg.url)
         stack = BenchStack(pg.url, workdir)
         try:
-            results["valka"] = run_valka(opts, stack)
+            results["valka"] = run_valka(opts, stack, redis_url)
         except BaseException:
             stack.print_logs()
             raise
         finally:
             stack.stop_all()
-        if opts.peers:
-            results["peers"] = run_peers(opts, pg.url, workdir)
+        if redis_url:
+            results["peers"] = run_peers(opts, pg.url, redis_url)
     results["machine"]["seconds"] = round(time.monotonic() - began)
     raw, png = report.write(results, opts.name or ("peers" if opts.peers else "valka"))
     print(report.table(results))

@@ -35,24 +35,33 @@ def _finished_at(r: redis.Redis, ids: list[str]) -> list[float]:
     return times
 
 
+def enqueue(redis_url: str, count: int) -> dict[str, Any]:
+    """One apply_async after another; nobody consumes the queue, which is emptied afterwards.
+
+    Also run alone (`python -m bench.peers.run celery-enqueue`), in turns with Valka's in-process
+    enqueue (bench/enqueue.py `in_process_in_turns`)."""
+    os.environ["BENCH_REDIS_URL"] = redis_url
+    from bench.peers.celery_app import noop
+
+    with bar(count, "celery enqueue x1") as progress:
+        start = time.perf_counter()
+        for i in range(count):
+            noop.apply_async(kwargs={"i": i}, queue="enqueue")
+            progress.update(1)
+        seconds = time.perf_counter() - start
+    redis.Redis.from_url(f"{redis_url}/0").delete("enqueue")
+    return {"rate_per_s": count / seconds, "count": count}
+
+
 def run(args: Any, workdir: Path) -> dict[str, Any]:
     os.environ["BENCH_REDIS_URL"] = args.redis_url
     from bench.peers.celery_app import app, noop, stamp
 
     env = dict(os.environ)
     results = redis.Redis.from_url(f"{args.redis_url}/1")
-    broker = redis.Redis.from_url(f"{args.redis_url}/0")
     out: dict[str, Any] = {"worker": f"prefork -c {args.celery_concurrency}"}
 
-    # Enqueue: one apply_async after another; nobody consumes the queue.
-    with bar(args.enqueue_count, "celery enqueue x1") as progress:
-        start = time.perf_counter()
-        for i in range(args.enqueue_count):
-            noop.apply_async(kwargs={"i": i}, queue="enqueue")
-            progress.update(1)
-        seconds = time.perf_counter() - start
-    out["enqueue_single"] = {"rate_per_s": args.enqueue_count / seconds, "count": args.enqueue_count}
-    broker.delete("enqueue")
+    out["enqueue_single"] = enqueue(args.redis_url, args.enqueue_count)
 
     log = open(workdir / "celery-worker.log", "ab")  # noqa: SIM115 (closed below)
     worker = subprocess.Popen(

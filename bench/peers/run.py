@@ -1,5 +1,7 @@
 """`python -m bench.peers.run celery|procrastinate|django-tasks-db [options]`: one peer's figures, as JSON on stdout.
 
+`celery-enqueue` runs Celery's single-caller enqueue alone, for a round in turns with Valka's.
+
 Started by `bench.run` with `.venv-peers/bin/python`; progress bars go to stderr.
 """
 
@@ -17,8 +19,8 @@ from bench.interrupt import stop_on_sigterm
 def main(argv: list[str] | None = None) -> int:
     stop_on_sigterm()
     parser = argparse.ArgumentParser(prog="python -m bench.peers.run")
-    parser.add_argument("peer", choices=["celery", "procrastinate", "django-tasks-db"])
-    parser.add_argument("--n", type=int, required=True)
+    parser.add_argument("peer", choices=["celery", "procrastinate", "django-tasks-db", "celery-enqueue"])
+    parser.add_argument("--n", type=int, default=0)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--enqueue-count", type=int, default=2000)
     parser.add_argument("--batches", type=int, default=20)
@@ -30,6 +32,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--celery-concurrency", type=int, default=2)
     parser.add_argument("--procrastinate-concurrency", type=int, default=8)
     args = parser.parse_args(argv)
+    if args.peer == "celery-enqueue":
+        from bench.peers.celery_bench import enqueue
+
+        print(json.dumps(enqueue(args.redis_url, args.enqueue_count)))
+        return 0
     with tempfile.TemporaryDirectory(prefix=f"valka-bench-{args.peer}-") as tmp:
         if args.peer == "celery":
             from bench.peers import celery_bench as bench
