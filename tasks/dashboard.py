@@ -10,9 +10,10 @@ whole. Each query walks an index for a bounded number of entries:
   as the planner's estimate ("≈198k");
 - queue lag reads the head of each (queue, PENDING, priority) range of
   `tasks_queue_status_idx`, whose next column is `run_at`;
-- throughput comes from `task_counters`, kept by a statement trigger on tasks
-  (tasks/sql/schema/counters.sql), small because the scheduler's retention loop
-  folds old minutes into one total row.
+- throughput comes from `task_counters` and the deltas a statement trigger on
+  tasks appends (tasks/sql/schema/counters.sql), both small because the
+  scheduler's counter fold moves the deltas every few seconds and folds old
+  minutes into one total row.
 
 Nothing here writes: the overview and /metrics are read-only.
 

@@ -4,8 +4,8 @@ an endpoint that may be public must not let a busy or hostile scraper load the d
 
 Several dispatchers and web processes run at once and restart at will, so no
 number here lives in a process. Gauges are read from the tables when scraped;
-the `*_total` counters come from `task_counters`, which a trigger keeps in the
-same transaction as every insert and status change (tasks/sql/schema/counters.sql),
+the `*_total` counters come from `task_counters` and `task_counter_deltas`, which a trigger
+keeps in the same transaction as every insert and status change (tasks/sql/schema/counters.sql),
 so they survive restarts and add up across nodes; so does `valka_queue_limited_total`, whose
 counts each dispatcher adds there at most once a second. The two histograms describe a
 recent window (`WINDOW_SECONDS`) and are exposed as gauge histograms: read their

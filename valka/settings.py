@@ -213,6 +213,9 @@ VALKA = {
     # or a scheduled task is picked up within about this long of its time.
     "SCHEDULER_MAX_SLEEP": env.float("VALKA_SCHEDULER_MAX_SLEEP", default=1.0),
     "RETENTION_INTERVAL": env.float("VALKA_RETENTION_INTERVAL", default=600.0),
+    # The throughput counts that the tasks table's triggers append are added into their minutes at
+    # least this often (seconds): between passes, /metrics and the overview read them appended.
+    "COUNTER_FOLD_INTERVAL": env.float("VALKA_COUNTER_FOLD_INTERVAL", default=5.0),
     # Schedules declared in code (a list of dicts, each a schedule's fields): run_scheduler creates or
     # updates them by name at start (schedules.services.schedules_reconcile).
     "SCHEDULES": env.json("VALKA_SCHEDULES", default=[]),

@@ -38,6 +38,7 @@ class SchedulerConfig:
     dispatching_timeout: float = 60.0
     worker_timeout: float = 120.0
     retention_interval: float = 600.0
+    counter_fold_interval: float = 5.0
     retention_days: float = 7.0
     dead_letter_retention_days: float = 30.0
     lease_grace: float = 60.0  # the dispatchers' lease extension (see tasks.sql.maintenance.EXPIRED_LEASES)
@@ -54,6 +55,7 @@ class SchedulerConfig:
             dispatching_timeout=float(s.DISPATCHING_TIMEOUT),
             worker_timeout=float(s.WORKER_TIMEOUT),
             retention_interval=float(s.RETENTION_INTERVAL),
+            counter_fold_interval=float(s.COUNTER_FOLD_INTERVAL),
             retention_days=float(s.RETENTION_DAYS),
             dead_letter_retention_days=float(s.DEAD_LETTER_RETENTION_DAYS),
             lease_grace=float(s.LEASE_EXTENSION),

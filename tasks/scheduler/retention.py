@@ -8,9 +8,6 @@
   deleted by hand.
 - Workers disconnected for more than `retention_days` are deleted (a worker
   process that restarts with a new id leaves one row behind each time).
-- Throughput counter minutes older than two hours are folded into one total row
-  per queue and kind, so /metrics and the overview read a small table without
-  writing themselves.
 
 Deleting a finished task frees its idempotency key: a task sent again with
 that key after `retention_days` is a new task.
@@ -68,6 +65,5 @@ class Retention(Loop):
             letters = await self.repeat(conn, lambda c: self.dead_letter_batch(c, now))
             orphans = await self.repeat(conn, lambda c: self.orphan_batch(c, now))
             workers = await self.repeat(conn, lambda c: self.workers_batch(c, now))
-            await conn.execute(maintenance.FOLD_COUNTERS)
         return self.report(**{"finished tasks deleted": finished, "dead letters deleted": letters,
                               "orphaned DEAD_LETTER tasks deleted": orphans, "disconnected workers deleted": workers})

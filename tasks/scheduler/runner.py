@@ -19,6 +19,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from tasks.scheduler import extensions
 from tasks.scheduler.base import Loop, SchedulerConfig
+from tasks.scheduler.counters import CounterFold
 from tasks.scheduler.janitor import WorkerJanitor
 from tasks.scheduler.leader import Leader
 from tasks.scheduler.promoter import DelayedPromoter
@@ -49,7 +50,7 @@ class Scheduler:
         self.leader = leader or Leader(conninfo(application_name=f"{name} leader", direct=True))
         self.loops: list[Loop] = [
             cls(self.config, self.pool)
-            for cls in (RetryEngine, DelayedPromoter, LeaseReaper, WorkerJanitor, Retention)
+            for cls in (RetryEngine, DelayedPromoter, LeaseReaper, WorkerJanitor, Retention, CounterFold)
         ]
         self.loops += [make(self.config, self.pool) for make in extensions.LOOPS]  # other apps' loops
         self.terms = 0  # how many times this process became leader

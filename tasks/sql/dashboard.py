@@ -2,7 +2,7 @@
 
 None counts the tasks table whole: each walks an index for a bounded number of
 entries (tasks.dashboard's docstring says how), and throughput comes from
-`task_counters` (tasks/sql/schema/counters.sql).
+`task_counters` and `task_counter_deltas` (tasks/sql/schema/counters.sql).
 """
 
 from tasks.sql.queues import QUEUES
@@ -73,16 +73,28 @@ ORDER BY w.name, w.id
 LIMIT %(limit)s
 """
 
-# -- Per-minute throughput of the last hour, all queues, from the counter table's primary key. --
+# -- Per-minute throughput of the last hour, all queues: the counter table's (its primary key) and
+# the deltas not folded into it yet (a few seconds' worth, tasks/sql/schema/counters.sql). --
 THROUGHPUT = """
-SELECT minute, kind, sum(n)::bigint FROM task_counters
-WHERE minute > date_trunc('minute', COALESCE(%(now)s::timestamptz, now())) - make_interval(mins => %(minutes)s)
-  AND kind = ANY(%(kinds)s)
+SELECT minute, kind, sum(n)::bigint FROM (
+    SELECT minute, kind, n FROM task_counters
+    WHERE minute > date_trunc('minute', COALESCE(%(now)s::timestamptz, now())) - make_interval(mins => %(minutes)s)
+      AND kind = ANY(%(kinds)s)
+    UNION ALL
+    SELECT minute, kind, n FROM task_counter_deltas
+    WHERE minute > date_trunc('minute', COALESCE(%(now)s::timestamptz, now())) - make_interval(mins => %(minutes)s)
+      AND kind = ANY(%(kinds)s)
+) counted
 GROUP BY minute, kind
 """
 
-# -- Totals since the counters began, by queue and kind. --
-COUNTER_TOTALS = "SELECT queue, kind, sum(n)::bigint FROM task_counters GROUP BY queue, kind"
+# -- Totals since the counters began, by queue and kind, the deltas not folded yet included. --
+COUNTER_TOTALS = """
+SELECT queue, kind, sum(n)::bigint FROM (
+    SELECT queue, kind, n FROM task_counters UNION ALL SELECT queue, kind, n FROM task_counter_deltas
+) counted
+GROUP BY queue, kind
+"""
 
 # -- One cell of the queue × status grid, for the planner's estimate when its count was capped. --
 CELL = "SELECT 1 FROM tasks WHERE queue = %(queue)s AND status = %(status)s"

@@ -221,8 +221,9 @@ DELETE FROM tasks WHERE ctid = ANY(ARRAY(SELECT ctid FROM picked))
 RETURNING id
 """
 
-# -- Fold counter minutes older than two hours into one total row per (queue, kind): the table
-# -- behind /metrics and the overview's chart stays small (tasks/sql/schema/counters.sql). --
+# -- Move the appended counts into their minutes, and fold minutes older than two hours into one
+# -- total row per (queue, kind): the tables behind /metrics and the overview's chart stay small
+# -- (tasks/sql/schema/counters.sql). Answers how many counter rows it wrote. --
 FOLD_COUNTERS = "SELECT valka_task_counters_fold()"
 
 # ---------------------------------------------------------------- leader election

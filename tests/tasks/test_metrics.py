@@ -149,7 +149,7 @@ def test_a_scrape_writes_nothing(client):
     TaskFactory(queue="emails")
     written = "SELECT sum(n_tup_ins + n_tup_upd + n_tup_del) FROM pg_stat_xact_user_tables"
     with connection.cursor() as cursor:
-        cursor.execute("UPDATE task_counters SET minute = minute - interval '3 hours'")
+        cursor.execute("UPDATE task_counter_deltas SET minute = minute - interval '3 hours'")
         cursor.execute(written)
         before = cursor.fetchone()[0]
         assert metrics(client)["valka_tasks_created_total[('queue', 'emails')]"] == 1

@@ -2,7 +2,7 @@
 -- concerns in one call.
 --
 -- - Counters (counters.sql): tasks created, and tasks that moved into COMPLETED, FAILED, RETRY,
---   DEAD_LETTER or CANCELLED, added up per statement into task_counters.
+--   DEAD_LETTER or CANCELLED, appended per statement to task_counter_deltas.
 -- - Queue rows (queues.sql): a new task's queue gets its row; a task that ends wakes the claims
 --   a running limit of its queue held back.
 -- - Events (events.sql): every new task and status change, announced while someone watches.
@@ -20,15 +20,14 @@
 CREATE OR REPLACE FUNCTION valka_tasks_inserted() RETURNS trigger AS $$
 DECLARE missing text[];
 BEGIN
-    -- Counters: one UPSERT per queue of the statement. Keyed by the backend's pid, so that no two
-    -- transactions ever touch one counter row (counters.sql). Its answer names the statement's
-    -- queues, which are then probed for their rows in the same statement: one probe per distinct
-    -- queue, nothing more while every queue has its row (valka_queues_ensure never waits).
+    -- Counters: one row appended per queue of the statement (counters.sql). Its answer names the
+    -- statement's queues, which are then probed for their rows in the same statement: one probe
+    -- per distinct queue, nothing more while every queue has its row (valka_queues_ensure never
+    -- waits).
     WITH counted AS (
-        INSERT INTO task_counters AS c (minute, queue, kind, shard, n)
-        SELECT date_trunc('minute', statement_timestamp()), queue, 'created', pg_backend_pid(), count(*)
-        FROM new_rows GROUP BY queue ORDER BY queue
-        ON CONFLICT (minute, queue, kind, shard) DO UPDATE SET n = c.n + EXCLUDED.n
+        INSERT INTO task_counter_deltas (minute, queue, kind, n)
+        SELECT date_trunc('minute', statement_timestamp()), queue, 'created', count(*)
+        FROM new_rows GROUP BY queue
         RETURNING queue
     )
     SELECT array_agg(counted.queue) INTO missing FROM counted
@@ -78,18 +77,17 @@ BEGIN
     IF EXISTS (SELECT 1 FROM new_rows
                WHERE status IN ('COMPLETED', 'FAILED', 'RETRY', 'DEAD_LETTER', 'CANCELLED')) THEN
         previous := (SELECT jsonb_object_agg(o.id::text, o.status) FROM old_rows o);
-        -- Counters: the tasks that moved into an ending status, per queue and kind.
-        INSERT INTO task_counters AS c (minute, queue, kind, shard, n)
+        -- Counters: the tasks that moved into an ending status, one row appended per queue and kind.
+        INSERT INTO task_counter_deltas (minute, queue, kind, n)
         SELECT date_trunc('minute', statement_timestamp()), n.queue,
                CASE n.status WHEN 'COMPLETED' THEN 'completed' WHEN 'FAILED' THEN 'failed'
                              WHEN 'RETRY' THEN 'retried' WHEN 'DEAD_LETTER' THEN 'dead_lettered'
                              ELSE 'cancelled' END AS kind,
-               pg_backend_pid(), count(*)
+               count(*)
         FROM new_rows n
         WHERE n.status IN ('COMPLETED', 'FAILED', 'RETRY', 'DEAD_LETTER', 'CANCELLED')
           AND n.status IS DISTINCT FROM previous ->> n.id::text
-        GROUP BY n.queue, kind ORDER BY n.queue, kind
-        ON CONFLICT (minute, queue, kind, shard) DO UPDATE SET n = c.n + EXCLUDED.n;
+        GROUP BY n.queue, kind;
         -- Freed slots (queues.sql): a slot of a queue with max_running or max_running_per_key is free
         -- once its task has left DISPATCHING or RUNNING, committed. One NOTIFY on
         -- valka_queue_slot_freed (tasks/notify.py) per such queue and statement, sent at its commit,

@@ -73,6 +73,7 @@ def shot(tab, name):
 def test_overview_then_replay_a_dead_letter(page):
     with connection.cursor() as cursor:  # counters earlier tests committed would add bars of their own
         cursor.execute("DELETE FROM task_counters")
+        cursor.execute("DELETE FROM task_counter_deltas")
     TaskFactory.create_batch(3, queue="emails")
     TaskFactory(queue="emails", status="FAILED")
     letter = DeadLetterFactory(task__queue="billing", task__task_name="invoice.charge",

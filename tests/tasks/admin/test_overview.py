@@ -86,6 +86,7 @@ def test_status_counts_are_capped_and_distinct_values_use_the_index():
 def test_throughput_comes_from_the_counter_trigger_and_survives_folding():
     with connection.cursor() as cursor:  # no counts left by earlier tests that committed theirs
         cursor.execute("DELETE FROM task_counters")
+        cursor.execute("DELETE FROM task_counter_deltas")
     for _ in range(2):
         finish(TaskFactory(queue="q", status="RUNNING"))
     finish(TaskFactory(queue="q", status="RETRY"), "DEAD_LETTER")
@@ -98,8 +99,10 @@ def test_throughput_comes_from_the_counter_trigger_and_survives_folding():
 
     # Minutes older than two hours fold into one total row; totals do not change.
     with connection.cursor() as cursor:
+        cursor.execute(maintenance.FOLD_COUNTERS)  # as the scheduler's counter fold does
+        assert dashboard.counter_totals() == totals
         cursor.execute("UPDATE task_counters SET minute = minute - interval '3 hours'")
-        cursor.execute(maintenance.FOLD_COUNTERS)  # as the scheduler's retention loop does
+        cursor.execute(maintenance.FOLD_COUNTERS)
     assert dashboard.counter_totals() == totals
     with connection.cursor() as cursor:
         cursor.execute("SELECT DISTINCT minute::text FROM task_counters")

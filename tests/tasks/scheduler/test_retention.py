@@ -3,7 +3,6 @@
 from datetime import timedelta
 
 import pytest
-from django.db import connection
 
 from signals.models import Signal
 from tasks.models import DeadLetter, Task, TaskLog, TaskRun, Worker
@@ -91,20 +90,3 @@ def test_workers_disconnected_long_ago_are_deleted():
     assert once(Retention(make_config(retention_days=7))) == 1
     assert set(Worker.objects.values_list("id", flat=True)) == {recent.id, connected.id}
     assert gone.id not in set(Worker.objects.values_list("id", flat=True))
-
-
-def test_old_counter_minutes_are_folded_and_totals_kept():
-    """The scheduler folds the throughput counters, so /metrics and the overview never write."""
-    TaskFactory(queue="folded")
-    TaskFactory(queue="folded")
-    created = "SELECT minute::text, n FROM task_counters WHERE kind = 'created' AND queue = 'folded' ORDER BY minute"
-    with connection.cursor() as cursor:
-        cursor.execute("UPDATE task_counters SET minute = date_trunc('minute', now()) - interval '3 hours' "
-                       "WHERE queue = 'folded'")
-        cursor.execute(created)
-        assert [n for _, n in cursor.fetchall()] == [2]
-        TaskFactory(queue="folded")  # this minute's: kept as it is
-        once(Retention(make_config(retention_days=7)))
-        cursor.execute(created)
-        rows = cursor.fetchall()
-    assert rows[0] == ("-infinity", 2) and [n for _, n in rows[1:]] == [1]
