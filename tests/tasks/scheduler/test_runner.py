@@ -73,20 +73,32 @@ def test_the_scheduler_rides_out_losing_all_its_connections(caplog):
     async def scenario() -> None:
         stop = asyncio.Event()
         running = asyncio.create_task(s.run(stop))
-        await asyncio.wait_for(s.leader.leading.wait(), 5)
-        async with await connect() as conn:
-            cur = await conn.execute(
-                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE %s",
-                [f"valka-scheduler {os.getpid()}%"])
-            assert (await cur.fetchone())[0] >= 2  # the lock connection and at least one of the pool
-            await wait_status(conn, task.id, "PENDING", 20)
-        # The task may have moved before the connections were cut (a slow first election); the
-        # second term must come either way.
-        deadline = time.monotonic() + 20
-        while s.terms < 2 and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
-        stop.set()
-        await asyncio.wait_for(running, 10)
+        ours = [f"valka-scheduler {os.getpid()}%"]
+        try:
+            await asyncio.wait_for(s.leader.leading.wait(), 5)
+            async with await connect() as conn:
+                # The pool opens its connection in the background: wait for it, or the cut below
+                # could find the lock connection alone.
+                deadline = time.monotonic() + 10
+                while time.monotonic() < deadline:
+                    cur = await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE application_name LIKE %s",
+                                             ours)
+                    if (await cur.fetchone())[0] >= 2:
+                        break
+                    await asyncio.sleep(0.05)
+                cur = await conn.execute(
+                    "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name LIKE %s",
+                    ours)
+                assert (await cur.fetchone())[0] >= 2  # the lock connection and at least one of the pool
+                await wait_status(conn, task.id, "PENDING", 20)
+            # The task may have moved before the connections were cut (a slow first election); the
+            # second term must come either way.
+            deadline = time.monotonic() + 20
+            while s.terms < 2 and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+        finally:
+            stop.set()
+            await asyncio.wait_for(running, 10)
 
     run_async(scenario)
     assert s.terms == 2, "it stepped down when its lock connection died, then led again"
