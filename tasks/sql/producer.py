@@ -89,6 +89,23 @@ SELECT ins.run_at, ins.created_at, 'PENDING', NULL::text,
 FROM ins
 """
 
+# -- The two statements above, for a task that nothing can conflict with. --
+# A task whose id the server made (a UUIDv7) and that has no idempotency key holds nothing that
+# another row could hold, so its INSERT needs no ON CONFLICT. Without it PostgreSQL skips the
+# speculative insertion: a probe of each arbiter index before the insert, and a WAL record that
+# confirms it after. That was about 20 µs of a single task's 430 on the tasks table's floor,
+# back to back (docs/performance.md). tasks/offer_misses.py chooses among the four.
+ON_CONFLICT = "    ON CONFLICT DO NOTHING\n"
+
+
+def _without_conflict(sql: str) -> str:
+    assert sql.count(ON_CONFLICT) == 1
+    return sql.replace(ON_CONFLICT, "")
+
+
+INSERT_NEW_TASK = _without_conflict(INSERT_TASK)
+INSERT_NEW_TASK_PENDING = _without_conflict(INSERT_TASK_PENDING)
+
 # -- Insert a batch of tasks in one statement; ids or keys that exist already insert nothing. --
 # The batch travels as one JSON array of objects (ids made by the caller), unpacked by
 # jsonb_to_recordset: cheaper to send than one array per column, and one statement text for

@@ -25,6 +25,7 @@ from tasks.models import Queue, QueueOffer, Task
 from tasks.notify import TASK_READY, handoff_channel
 from tasks.scheduler.reaper import LeaseReaper
 from tasks.services import task_enqueue
+from tasks.specs import parse_task_spec
 from tests.dispatcher.test_claimer import Slots, _claimer
 from tests.helpers import database_url, make_config, once
 from valka.db import make_pool
@@ -105,6 +106,26 @@ def test_a_repeated_idempotency_key_takes_no_slot(listen):
     again = task_enqueue(task_name="t", queue="q", idempotency_key="once")
     assert again.id == first.id and again.status == "PENDING"
     assert _slots() == 2 and handed.drain(0) == []
+
+
+@pytest.mark.parametrize("looks", [True, False])
+def test_only_a_task_nothing_can_conflict_with_skips_the_conflict_check(looks, monkeypatch):
+    """A task with neither id nor key takes the INSERT without ON CONFLICT; one with either keeps
+    the check, so a repeat finds the task that holds them, whether the producer looks for a slot
+    or not (just after a miss)."""
+    monkeypatch.setattr(offer_misses, "MISS_SECONDS", 0.0 if looks else 60.0)
+    first = task_enqueue(task_name="t", queue="q", idempotency_key="k")  # no slot offered: a miss
+    made = task_enqueue(task_name="t", queue="q", id="0193a1b2-0000-7000-8000-000000000001")
+    specs = {name: parse_task_spec({"task_name": "t", "queue": "q", **extra}) for name, extra in
+             (("new", {}), ("key", {"idempotency_key": "k"}), ("id", {"id": str(made.id)}))}
+    chosen = {name: offer_misses.statement(spec) for name, spec in specs.items()}
+    assert ["ON CONFLICT" in chosen[name] for name in ("new", "key", "id")] == [False, True, True]
+    assert ["queue_offers" in chosen[name] for name in ("new", "key", "id")] == [looks] * 3
+    assert task_enqueue(task_name="t", queue="q", idempotency_key="k").id == first.id
+    assert task_enqueue(task_name="t", queue="q", id=str(made.id)).id == made.id
+    fresh = [task_enqueue(task_name="t", queue="q") for _ in range(2)]
+    assert len({t.id for t in fresh}) == 2
+    assert Task.objects.filter(queue="q").count() == 4
 
 
 def test_a_producer_never_waits_for_an_offer_another_producer_holds(listen):
