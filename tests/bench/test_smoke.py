@@ -338,7 +338,10 @@ def test_the_big_table_takes_turns_with_the_empty_one(tmp_path, quiet):
         assert waited["chunk_p99_min_ms"] <= waited["p99_ms"] <= waited["chunk_p99_max_ms"]
         assert 0 < waited["hops"]["samples"] <= 8  # each side's dispatcher logged its own tasks' hops
     assert result["drain"]["ratio"] == result["drain"]["big"]["rate_per_s"] / result["drain"]["empty"]["rate_per_s"]
-    assert result["latency"]["ratio_p99"] > 0 and result["latency"]["chunks"] == 4
+    # A p99 of eight samples from the enqueue's return can be below zero on a loaded machine (every
+    # handler started before its producer's call returned), so the ratio is checked, not its sign.
+    latency = result["latency"]
+    assert latency["ratio_p99"] == latency["big"]["p99_ms"] / latency["empty"]["p99_ms"] and latency["chunks"] == 4
     text = report.table({"valka": {"scale": result}})
     assert "| drain, big table | tasks/s | within 10% |" in text
     assert "|   big ÷ empty (medians) | ratio | ≥ 0.90 |" in text
