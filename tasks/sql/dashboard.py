@@ -77,14 +77,10 @@ LIMIT %(limit)s
 # the deltas not folded into it yet (a few seconds' worth, tasks/sql/schema/counters.sql). --
 THROUGHPUT = """
 SELECT minute, kind, sum(n)::bigint FROM (
-    SELECT minute, kind, n FROM task_counters
-    WHERE minute > date_trunc('minute', COALESCE(%(now)s::timestamptz, now())) - make_interval(mins => %(minutes)s)
-      AND kind = ANY(%(kinds)s)
-    UNION ALL
-    SELECT minute, kind, n FROM task_counter_deltas
-    WHERE minute > date_trunc('minute', COALESCE(%(now)s::timestamptz, now())) - make_interval(mins => %(minutes)s)
-      AND kind = ANY(%(kinds)s)
-) counted
+    SELECT minute, kind, n FROM task_counters UNION ALL SELECT minute, kind, n FROM task_counter_deltas
+) counted  -- the conditions below reach each table, the counters' primary key included
+WHERE minute > date_trunc('minute', COALESCE(%(now)s::timestamptz, now())) - make_interval(mins => %(minutes)s)
+  AND kind = ANY(%(kinds)s)
 GROUP BY minute, kind
 """
 
