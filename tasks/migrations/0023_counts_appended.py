@@ -1,4 +1,5 @@
 from django.db import migrations
+from django.db.migrations.exceptions import IrreversibleError
 
 from tasks.sql import schema
 
@@ -20,10 +21,21 @@ CREATE TABLE task_counter_deltas (
 """
 
 
+def refuse_to_unapply(apps, schema_editor):
+    """Unapplying would drop a table that the database code still writes: that code is the files'
+    of today (tasks/sql/schema), not the one 0022 applied, so every insert into tasks would fail
+    from then on. Refused before anything is written; every migration before this one is behind it."""
+    raise IrreversibleError(
+        "tasks.0023_counts_appended cannot be unapplied: the tasks table's triggers, as "
+        "tasks/sql/schema defines them today, write to task_counter_deltas, and without that table "
+        "every insert into tasks would fail. Nothing was changed. To go back to an earlier Valka, "
+        "restore a backup of the database taken before the upgrade.")
+
+
 class Migration(migrations.Migration):
     dependencies = [("tasks", "0022_one_trigger_per_change_of_tasks")]
 
     operations = [
-        migrations.RunSQL(DELTAS, reverse_sql="DROP TABLE task_counter_deltas"),
-        migrations.RunPython(schema.apply, reverse_code=migrations.RunPython.noop),
+        migrations.RunSQL(DELTAS, reverse_sql=migrations.RunSQL.noop),
+        migrations.RunPython(schema.apply, reverse_code=refuse_to_unapply),
     ]
