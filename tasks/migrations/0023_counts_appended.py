@@ -28,7 +28,7 @@ def refuse_to_unapply(apps, schema_editor):
     raise IrreversibleError(
         "tasks.0023_counts_appended cannot be unapplied: the tasks table's triggers, as "
         "tasks/sql/schema defines them today, write to task_counter_deltas, and without that table "
-        "every insert into tasks would fail. Nothing was changed. To go back to an earlier Valka, "
+        "every insert into tasks would fail. It stays applied. To go back to an earlier Valka, "
         "restore a backup of the database taken before the upgrade.")
 
 

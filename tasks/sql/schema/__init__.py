@@ -21,7 +21,7 @@ exist when 0013 runs (one on a later table needs a file that 0013 does not apply
 Renaming a function or changing its arguments creates a new one beside the old: drop the
 old one in the migration.
 
-So the migrations go forward only, past the newest one that creates a table the files use:
+So the migrations cannot go back past the newest one that creates a table the files use:
 unapplying it would leave today's code on a database without that table. That migration's
 schema.apply refuses to be unapplied (0023's `refuse_to_unapply`), with an error that says
 so, before anything is written; a migration that adds such a table takes the refusal over.
