@@ -28,12 +28,15 @@ from pathlib import Path
 import httpx
 import psycopg
 
+from tasks.sql.dashboard import COUNTER_TOTALS
 from valka import devdb
 from valka.devdb import free_port, listening
 
 ROOT = Path(__file__).resolve().parents[2]
 FINAL = ("COMPLETED", "FAILED", "DEAD_LETTER", "CANCELLED")
 NOT_FINAL = "status NOT IN ('COMPLETED', 'FAILED', 'DEAD_LETTER', 'CANCELLED')"
+# The throughput counter (tasks/sql/schema/counters.sql) that counts the tasks moved into each final status.
+COUNTED_AS = {"COMPLETED": "completed", "FAILED": "failed", "DEAD_LETTER": "dead_lettered", "CANCELLED": "cancelled"}
 MAX_RETRIES = 2
 
 SIDE_TABLE = """
@@ -333,6 +336,15 @@ class Chaos:
             lost = self.query("SELECT count(*) FROM task_runs WHERE task_id = %s AND status = 'LOST'", (task_id,))
             if not lost[0][0]:
                 p.append(f"task {task_id} completed twice without a lost run")
+        # The counts that the tasks table's triggers append in each statement's transaction, and
+        # the scheduler's fold moves while it is being killed, agree with the tasks themselves.
+        counted: dict[str, int] = {}
+        for _queue, kind, n in self.query(COUNTER_TOTALS):
+            counted[kind] = counted.get(kind, 0) + n
+        expected = {"created": sum(self.report.statuses.values()),
+                    **{kind: self.report.statuses.get(status, 0) for status, kind in COUNTED_AS.items()}}
+        p += [f"the {kind} counter says {counted.get(kind, 0)}, the tasks table {n}"
+              for kind, n in expected.items() if counted.get(kind, 0) != n]
         for proc in self.procs:
             if not proc.alive():
                 p.append(f"{proc.name} is not running at the end (exit {proc.popen.returncode})")
