@@ -318,11 +318,15 @@ class Chaos:
                 OR (SELECT count(*) FROM task_runs r WHERE r.task_id = t.id) <> t.max_retries + 1
                 OR t.attempt_count <> t.max_retries + 1)""")
         p += [f"DEAD_LETTER task {t} lacks one dead letter or max_retries + 1 runs" for (t,) in bad_dead]
+        # A fatal task's handler raises NonRetryableError once it has recorded its start: nothing may
+        # follow that run. An earlier attempt may fail retryably before its start is recorded (the
+        # side table's database restarting), and be retried.
         retried_failed = self.query("""
             SELECT t.id FROM tasks t JOIN task_runs f ON f.task_id = t.id AND f.status = 'FAILED'
-            WHERE t.status = 'FAILED' AND EXISTS (
-                SELECT 1 FROM task_runs later
-                WHERE later.task_id = t.id AND later.attempt_number > f.attempt_number)""")
+            WHERE t.status = 'FAILED'
+              AND EXISTS (SELECT 1 FROM chaos_executions e WHERE e.run_id = f.id AND e.phase = 'start')
+              AND EXISTS (SELECT 1 FROM task_runs later
+                          WHERE later.task_id = t.id AND later.attempt_number > f.attempt_number)""")
         p += [f"FAILED task {t} was retried after failing for good" for (t,) in retried_failed]
         overlaps = self.query("""
             SELECT DISTINCT a.task_id FROM task_runs a JOIN task_runs b ON a.task_id = b.task_id AND a.id < b.id
