@@ -73,24 +73,24 @@ ORDER BY w.name, w.id
 LIMIT %(limit)s
 """
 
-# -- Per-minute throughput of the last hour, all queues: the counter table's (its primary key) and
-# the deltas not folded into it yet (a few seconds' worth, tasks/sql/schema/counters.sql). --
-THROUGHPUT = """
-SELECT minute, kind, sum(n)::bigint FROM (
-    SELECT minute, kind, n FROM task_counters UNION ALL SELECT minute, kind, n FROM task_counter_deltas
-) counted  -- the conditions below reach each table, the counters' primary key included
+# -- Every count: the counter table's and the deltas not folded into it yet (a few seconds' worth,
+# tasks/sql/schema/counters.sql). The readers' conditions reach each table through the UNION ALL,
+# the counters' primary key included. --
+COUNTED = """(
+    SELECT minute, queue, kind, n FROM task_counters
+    UNION ALL SELECT minute, queue, kind, n FROM task_counter_deltas
+) counted"""
+
+# -- Per-minute throughput of the last hour, all queues. --
+THROUGHPUT = f"""
+SELECT minute, kind, sum(n)::bigint FROM {COUNTED}
 WHERE minute > date_trunc('minute', COALESCE(%(now)s::timestamptz, now())) - make_interval(mins => %(minutes)s)
   AND kind = ANY(%(kinds)s)
 GROUP BY minute, kind
 """
 
-# -- Totals since the counters began, by queue and kind, the deltas not folded yet included. --
-COUNTER_TOTALS = """
-SELECT queue, kind, sum(n)::bigint FROM (
-    SELECT queue, kind, n FROM task_counters UNION ALL SELECT queue, kind, n FROM task_counter_deltas
-) counted
-GROUP BY queue, kind
-"""
+# -- Totals since the counters began, by queue and kind. --
+COUNTER_TOTALS = f"SELECT queue, kind, sum(n)::bigint FROM {COUNTED} GROUP BY queue, kind"
 
 # -- One cell of the queue × status grid, for the planner's estimate when its count was capped. --
 CELL = "SELECT 1 FROM tasks WHERE queue = %(queue)s AND status = %(status)s"
